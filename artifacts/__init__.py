@@ -1,0 +1,1 @@
+"""Manifests, object stores, the bundle registry and Prefect report artifacts."""

@@ -1,0 +1,132 @@
+"""The bundle manifest and the key scheme of the store."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, Field, field_validator
+
+from prefect_executorch import __version__
+from prefect_executorch.program import MethodFacts
+from prefect_executorch.report import ValidationSummary
+from prefect_executorch.spec import InputSpec, check_name
+from prefect_executorch.toolchain import Toolchain
+
+MANIFEST_FILE = "manifest.json"
+VALIDATION_FILE = "validation.json"
+SCHEMA_VERSION = 1
+
+
+class BundleKey(BaseModel):
+    """Where a bundle lives: ``<name>/<version>/<target>/<compat>`` under the store's prefix."""
+
+    name: str
+    version: str
+    target: str
+    compat: str
+
+    @field_validator("name", "version", "target", "compat")
+    @classmethod
+    def _segment(cls, value: str, info: Any) -> str:
+        return check_name(value, info.field_name)
+
+    @property
+    def prefix(self) -> str:
+        """The bundle's key prefix, relative to the store root."""
+        return f"{self.name}/{self.version}/{self.target}/{self.compat}"
+
+    def key(self, filename: str) -> str:
+        """Key of one file of the bundle."""
+        return f"{self.prefix}/{filename}"
+
+
+class FileEntry(BaseModel):
+    """One file of a bundle."""
+
+    path: str = Field(description="File name inside the bundle directory.")
+    size: int
+    sha256: str
+    role: str = Field(description="'program', 'data' (.ptd) or 'report'.")
+
+    @field_validator("path")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if "/" in value or "\\" in value or value in ("", ".", "..") or "\x00" in value:
+            raise ValueError(f"file path {value!r} must be a plain file name inside the bundle")
+        return value
+
+
+class MethodEntry(BaseModel):
+    """A method's inputs and what it runs on."""
+
+    inputs: list[InputSpec]
+    delegates: list[str]
+    kernel_calls: int
+    operators: list[str] = Field(default_factory=list)
+
+
+class Manifest(BaseModel):
+    """What a bundle is; a bundle without a manifest does not exist."""
+
+    schema_version: int = SCHEMA_VERSION
+    name: str
+    version: str
+    target: str
+    compat: str
+    files: list[FileEntry]
+    program: str = Field(description="The .pte file.")
+    data_files: list[str] = Field(default_factory=list, description="The .ptd files the program must load with.")
+    methods: dict[str, MethodEntry]
+    toolchain: dict[str, str | None] = Field(description="Library versions that built the bundle.")
+    platform: dict[str, str | None] = Field(description="OS, arch, CUDA channel and SM of the builder.")
+    runtime_hints: dict[str, Any] = Field(default_factory=dict)
+    spec_sha256: str
+    weights_sha256: str | None = None
+    validation: ValidationSummary
+    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {_builder()}")
+
+    @property
+    def key(self) -> BundleKey:
+        """The bundle's key."""
+        return BundleKey(name=self.name, version=self.version, target=self.target, compat=self.compat)
+
+    def file(self, path: str) -> FileEntry:
+        """The entry for ``path``."""
+        for entry in self.files:
+            if entry.path == path:
+                return entry
+        raise KeyError(path)
+
+    def delegates(self) -> dict[str, list[str]]:
+        """Delegate list per method."""
+        return {name: method.delegates for name, method in self.methods.items()}
+
+
+def _builder() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def method_entries(inputs: dict[str, list[InputSpec]], facts: dict[str, MethodFacts]) -> dict[str, MethodEntry]:
+    """Manifest entries for the methods of a program."""
+    return {
+        name: MethodEntry(
+            inputs=inputs.get(name, []),
+            delegates=fact.delegates,
+            kernel_calls=fact.kernel_calls,
+            operators=sorted(set(fact.operators)),
+        )
+        for name, fact in facts.items()
+    }
+
+
+def platform_facts(toolchain: Toolchain) -> dict[str, str | None]:
+    """The builder's platform as the manifest records it."""
+    return {"os": toolchain.os, "arch": toolchain.arch, "cuda_channel": toolchain.cuda_channel, "sm": toolchain.sm}

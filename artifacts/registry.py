@@ -1,0 +1,188 @@
+"""Publish and pull bundles: objects first, manifest last; every byte verified on the way back."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from prefect_executorch.artifacts.manifest import (
+    MANIFEST_FILE,
+    VALIDATION_FILE,
+    BundleKey,
+    FileEntry,
+    Manifest,
+    method_entries,
+    platform_facts,
+)
+from prefect_executorch.artifacts.store import ObjectStore
+from prefect_executorch.errors import BundleConflict, BundleNotFound, IntegrityError, ObjectExists
+from prefect_executorch.exporter import ExportedProgramDir
+from prefect_executorch.hashing import sha256_file
+from prefect_executorch.report import ValidationReport
+from prefect_executorch.spec import BuildSpec
+from prefect_executorch.targets import get_target
+from prefect_executorch.toolchain import Toolchain
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class BundleRef(BaseModel):
+    """A published bundle."""
+
+    store: str
+    key: BundleKey
+    manifest_key: str
+    manifest_sha256: str
+
+
+def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports: list[str]) -> list[FileEntry]:
+    """Size and sha256 of every file of a bundle directory, with its role."""
+    roles = [(program, "program")] + [(f, "data") for f in data_files] + [(f, "report") for f in reports]
+    return [
+        FileEntry(path=name, size=(bundle_dir / name).stat().st_size, sha256=sha256_file(bundle_dir / name), role=role)
+        for name, role in roles
+    ]
+
+
+def read_manifest(store: ObjectStore, key: BundleKey) -> tuple[Manifest, bytes]:
+    """The manifest of ``key`` and its stored bytes."""
+    data, _ = store.get_bytes(key.key(MANIFEST_FILE))
+    try:
+        manifest = Manifest.model_validate_json(data)
+    except ValueError as exc:
+        raise IntegrityError(f"{key.key(MANIFEST_FILE)} is not a valid manifest: {exc}") from None
+    if manifest.key != key:
+        raise IntegrityError(
+            f"{key.key(MANIFEST_FILE)} describes {manifest.key.prefix}, not {key.prefix}: refusing a manifest "
+            "that points outside its own prefix"
+        )
+    return manifest, data
+
+
+def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest) -> BundleRef:
+    """Upload the bundle's files, then its manifest with create-only semantics."""
+    key = manifest.key
+    manifest_key = key.key(MANIFEST_FILE)
+    if store.exists(manifest_key):
+        _, existing = read_manifest(store, key)
+        raise BundleConflict(
+            f"{key.prefix} is already published in {store.url} (manifest sha256 {_sha(existing)}); "
+            "publish a new version instead: nothing was overwritten"
+        )
+    for entry in manifest.files:
+        try:
+            result = store.put_file(key.key(entry.path), bundle_dir / entry.path)
+        except ObjectExists as exc:
+            # A retried publish finds its own object; anything else is another publisher's.
+            if exc.existing_sha256 == entry.sha256:
+                continue
+            raise BundleConflict(
+                f"{exc.key} already exists with other content (sha256 {exc.existing_sha256}) and no manifest: "
+                "another publisher is writing this version, or an earlier publish died; "
+                "run `prefect-executorch gc` to clear orphans, or publish a new version"
+            ) from None
+        if result.sha256 != entry.sha256 or result.size != entry.size:
+            raise IntegrityError(
+                f"{entry.path} changed while it was published (sha256 {result.sha256}, manifest says {entry.sha256})"
+            )
+    body = manifest.model_dump_json(indent=2).encode()
+    try:
+        store.put_bytes(manifest_key, body)
+    except ObjectExists:
+        _, existing = read_manifest(store, key)
+        raise BundleConflict(
+            f"{key.prefix} was published by someone else first (manifest sha256 {_sha(existing)}); "
+            "nothing was overwritten"
+        ) from None
+    return BundleRef(store=store.url, key=key, manifest_key=manifest_key, manifest_sha256=_sha(body))
+
+
+def verify_pairing(manifest: Manifest) -> None:
+    """The manifest must bind its program and data files by sha256."""
+    names = {entry.path for entry in manifest.files}
+    missing = [f for f in [manifest.program, *manifest.data_files] if f not in names]
+    if missing:
+        raise IntegrityError(f"manifest of {manifest.key.prefix} lists no checksum for {missing}")
+
+
+def pull(store: ObjectStore, key: BundleKey, dest: Path) -> Manifest:
+    """Download a bundle into ``dest`` (which must not exist), verifying every file; all or nothing."""
+    manifest, raw = read_manifest(store, key)
+    verify_pairing(manifest)
+    if dest.exists():
+        raise BundleConflict(f"destination {dest} already exists; choose a new directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.with_name(f".{dest.name}.partial-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        for entry in manifest.files:
+            sha = store.download_file(key.key(entry.path), staging / entry.path)
+            size = (staging / entry.path).stat().st_size
+            if sha != entry.sha256 or size != entry.size:
+                raise IntegrityError(
+                    f"{key.key(entry.path)}: sha256 {sha} ({size} bytes) does not match the manifest's "
+                    f"{entry.sha256} ({entry.size} bytes); the stored object is corrupt or was swapped"
+                )
+        (staging / MANIFEST_FILE).write_bytes(raw)
+        os.rename(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport) -> Manifest:
+    """Write ``validation.json`` into the export directory and build the bundle's manifest."""
+    target = get_target(spec.target_name)
+    bundle_dir = export.path
+    (bundle_dir / VALIDATION_FILE).write_text(report.model_dump_json(indent=2))
+    return Manifest(
+        name=spec.name,
+        version=spec.version,
+        target=spec.target_name,
+        compat=target.compat(spec, toolchain),
+        files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE]),
+        program=export.program,
+        data_files=export.data_files,
+        methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods),
+        toolchain=toolchain.versions(),
+        platform=platform_facts(toolchain),
+        runtime_hints=target.runtime_hints(spec),
+        spec_sha256=spec.sha256(),
+        weights_sha256=export.weights_sha256,
+        validation=report.summary(),
+    )
+
+
+def verify_bundle_dir(bundle_dir: Path) -> Manifest:
+    """Check every file of a local bundle against its manifest.json."""
+    path = bundle_dir / MANIFEST_FILE
+    try:
+        manifest = Manifest.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise BundleNotFound(f"{bundle_dir} has no {MANIFEST_FILE}; pull a bundle or build one first") from None
+    except ValueError as exc:
+        raise IntegrityError(f"{path} is not a valid manifest: {exc}") from None
+    verify_pairing(manifest)
+    for entry in manifest.files:
+        file = bundle_dir / entry.path
+        if not file.is_file():
+            raise IntegrityError(f"{file} is missing")
+        sha = sha256_file(file)
+        if sha != entry.sha256:
+            raise IntegrityError(f"{file}: sha256 {sha} does not match the manifest's {entry.sha256}")
+    return manifest
+
+
+def bundle_data_files(bundle_dir: Path) -> list[str]:
+    """The .ptd files a bundle's program loads with: from its verified manifest, else those present."""
+    if (bundle_dir / MANIFEST_FILE).exists():
+        return verify_bundle_dir(bundle_dir).data_files
+    return sorted(p.name for p in bundle_dir.glob("*.ptd"))

@@ -1,0 +1,223 @@
+"""Object stores: one interface, a local directory and S3, with the same key layout.
+
+Writes never overwrite: ``put_file`` and ``put_bytes`` create only; ``put_bytes(if_match=...)`` is a
+compare-and-swap for aliases. Keys are ``/``-separated safe segments under the store's root.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import uuid
+from abc import ABC, abstractmethod
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pydantic import BaseModel
+
+from prefect_executorch.errors import BundleNotFound, ObjectExists, PreconditionFailed, SpecError
+from prefect_executorch.hashing import CHUNK, sha256_file
+
+_TMP_PREFIX = ".tmp-"
+
+
+class ObjectInfo(BaseModel):
+    """A stored object."""
+
+    key: str
+    size: int
+    etag: str
+    last_modified: datetime
+
+
+class PutResult(BaseModel):
+    """What a write stored."""
+
+    key: str
+    size: int
+    sha256: str
+    etag: str
+
+
+def check_key(key: str) -> str:
+    """Refuse keys that could leave the store's root."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or "\x00" in key or any(p in ("", ".", "..") for p in parts):
+        raise SpecError(f"store key {key!r} is not a relative path of plain segments (no '..', '/', NUL)")
+    return key
+
+
+class ObjectStore(ABC):
+    """Where bundles live."""
+
+    url: str
+
+    @abstractmethod
+    def put_file(self, key: str, path: Path) -> PutResult:
+        """Upload ``path`` to a new object; ``ObjectExists`` if ``key`` is taken."""
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes, *, if_match: str | None = None) -> PutResult:
+        """Create ``key`` (``ObjectExists`` if taken) or, with ``if_match``, replace it if its etag matches."""
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> tuple[bytes, str]:
+        """Content and etag of ``key``; ``BundleNotFound`` if absent."""
+
+    @abstractmethod
+    def download_file(self, key: str, dest: Path) -> str:
+        """Stream ``key`` into ``dest`` and return its sha256."""
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo | None:
+        """Info on ``key``, or None if absent."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Objects whose key starts with ``prefix``."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (no error if absent)."""
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists."""
+        return self.head(key) is not None
+
+    def existing_sha256(self, key: str) -> str | None:
+        """sha256 of the object at ``key`` (None if absent); subclasses may use stored checksums."""
+        if self.head(key) is None:
+            return None
+        return hashlib.sha256(self.get_bytes(key)[0]).hexdigest()
+
+
+class LocalStore(ObjectStore):
+    """A directory with the same layout as the S3 store; etags are content sha256s."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.url = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def _tmp(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.with_name(f"{_TMP_PREFIX}{uuid.uuid4().hex}-{path.name}")
+
+    def _link_new(self, tmp: Path, path: Path, key: str) -> None:
+        try:
+            os.link(tmp, path)  # atomic create-if-absent
+        except FileExistsError:
+            raise ObjectExists(
+                f"{key} already exists in {self.url}; nothing was overwritten", key=key,
+                existing_sha256=sha256_file(path),
+            ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def put_file(self, key: str, path: Path) -> PutResult:
+        target = self._path(key)
+        tmp = self._tmp(target)
+        digest = hashlib.sha256()
+        size = 0
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+                size += len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        self._link_new(tmp, target, key)
+        sha = digest.hexdigest()
+        return PutResult(key=key, size=size, sha256=sha, etag=sha)
+
+    def put_bytes(self, key: str, data: bytes, *, if_match: str | None = None) -> PutResult:
+        target = self._path(key)
+        tmp = self._tmp(target)
+        with open(tmp, "wb") as dst:
+            dst.write(data)
+            dst.flush()
+            os.fsync(dst.fileno())
+        sha = hashlib.sha256(data).hexdigest()
+        result = PutResult(key=key, size=len(data), sha256=sha, etag=sha)
+        if if_match is None:
+            self._link_new(tmp, target, key)
+            return result
+        lock_path = self.root / ".locks" / hashlib.sha256(key.encode()).hexdigest()
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = sha256_file(target) if target.exists() else None
+            if current != if_match:
+                tmp.unlink(missing_ok=True)
+                raise PreconditionFailed(
+                    f"{key} changed since it was read (etag {current}, expected {if_match}); nothing was written",
+                    key=key, current_etag=current,
+                )
+            os.replace(tmp, target)
+        return result
+
+    def get_bytes(self, key: str) -> tuple[bytes, str]:
+        try:
+            data = self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise BundleNotFound(f"{key} does not exist in {self.url}") from None
+        return data, hashlib.sha256(data).hexdigest()
+
+    def download_file(self, key: str, dest: Path) -> str:
+        source = self._path(key)
+        if not source.is_file():
+            raise BundleNotFound(f"{key} does not exist in {self.url}")
+        digest = hashlib.sha256()
+        with open(source, "rb") as src, open(dest, "wb") as dst:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                dst.write(chunk)
+        return digest.hexdigest()
+
+    def head(self, key: str) -> ObjectInfo | None:
+        path = self._path(key)
+        if not path.is_file():
+            return None
+        return self._info(key, path, etag=sha256_file(path))
+
+    @staticmethod
+    def _info(key: str, path: Path, etag: str) -> ObjectInfo:
+        stat = path.stat()
+        return ObjectInfo(
+            key=key, size=stat.st_size, etag=etag,
+            last_modified=datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc),
+        )
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        base = self.root / prefix.rstrip("/") if prefix else self.root
+        if not base.exists():
+            return []
+        found = []
+        for path in sorted(base.rglob("*")):
+            rel = path.relative_to(self.root).as_posix()
+            if path.is_file() and not path.name.startswith(_TMP_PREFIX) and not rel.startswith(".locks/"):
+                found.append(self._info(rel, path, etag=""))
+        return found
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+
+def open_store(url: str | Path) -> ObjectStore:
+    """A store from a URL: ``s3://bucket/prefix``, ``file:///dir`` or a directory path."""
+    text = str(url)
+    parsed = urlparse(text)
+    if parsed.scheme == "s3":
+        from prefect_executorch.artifacts.s3 import S3Store
+
+        return S3Store.from_url(text)
+    if parsed.scheme == "file":
+        return LocalStore(parsed.path)
+    if parsed.scheme and len(parsed.scheme) > 1:
+        raise SpecError(f"store: unsupported URL scheme {parsed.scheme!r} in {text!r}; use s3://bucket/prefix or a directory")
+    return LocalStore(text)
+

@@ -1,0 +1,145 @@
+"""``prefect-executorch``: build, validate, inspect and probe ExecuTorch bundles."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from prefect_executorch.errors import PrefectExecutorchError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
+console = Console()
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+STORE_ENV = "PREFECT_EXECUTORCH_STORE"
+DEFAULT_STORE = "./bundles"
+
+
+def _quiet_defaults() -> None:
+    # No telemetry from a build tool, and no surprise network calls in an offline build.
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def handle_errors(function: F) -> F:
+    """Print our typed errors without a traceback and exit 2 (bad input) or 1 (failure)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except PrefectExecutorchError as exc:
+            if os.environ.get("PREFECT_EXECUTORCH_DEBUG"):
+                raise
+            err_console.print(f"[bold red]{type(exc).__name__}:[/] {exc}", markup=True, highlight=False)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.callback()
+def main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
+    """Export PyTorch models to ExecuTorch, validate them against eager PyTorch, publish bundles."""
+    _quiet_defaults()
+    if debug:
+        os.environ["PREFECT_EXECUTORCH_DEBUG"] = "1"
+
+
+@app.command()
+@handle_errors
+def build(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
+    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help="Directory or s3://bucket/prefix."),
+    output: Optional[Path] = typer.Option(None, "--output", help="Keep export directories here (default: temporary)."),
+) -> None:
+    """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
+    from prefect_executorch.spec import load_spec
+
+    spec = load_spec(spec_path)
+    spec.check_model_reference()
+    from prefect_executorch.flows.build import build_bundle
+
+    ref = build_bundle(spec, store=store, output=str(output) if output else None)
+    from prefect_executorch.artifacts.registry import read_manifest
+    from prefect_executorch.artifacts.store import open_store
+
+    manifest, _ = read_manifest(open_store(store), ref.key)
+    console.print(f"[bold green]published[/] {ref.key.prefix} to {ref.store}")
+    console.print(f"manifest sha256 {ref.manifest_sha256}")
+    for method, delegates in manifest.delegates().items():
+        console.print(f"  {method}: delegates {delegates or '[] (portable kernels)'}")
+    console.print(f"validation: {manifest.validation.cases} cases passed; worst: {manifest.validation.worst}")
+
+
+def _print_report(report: Any) -> None:
+    table = Table(title="validation against eager PyTorch")
+    for column in ("method", "shape", "inputs", "sample", "output", "max abs", "cosine", "result"):
+        table.add_column(column)
+    for case in report.cases:
+        if case.error:
+            table.add_row(case.method, case.shape_label, str(case.input_shapes), str(case.sample), "-", "-", "-",
+                          f"[red]{case.error}[/]")
+        for out in case.outputs:
+            cosine = "-" if out.cosine is None else f"{out.cosine:.6f}"
+            result = "[green]pass[/]" if out.passed else f"[red]{out.reason}[/]"
+            table.add_row(case.method, case.shape_label, str(case.input_shapes), str(case.sample), out.path,
+                          f"{out.max_abs:.3g}", cosine, result)
+    console.print(table)
+
+
+@app.command()
+@handle_errors
+def validate(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
+    bundle_dir: Path = typer.Argument(..., help="Directory with model.pte (a pulled bundle or an export)."),
+) -> None:
+    """Run the program in BUNDLE_DIR and the eager model on the same inputs; exit 1 on mismatch."""
+    from prefect_executorch.artifacts.registry import bundle_data_files
+    from prefect_executorch.spec import load_spec
+    from prefect_executorch.validator import require_passed, validate_program
+
+    spec = load_spec(spec_path)
+    spec.check_model_reference()
+    report = validate_program(spec, bundle_dir, bundle_data_files(bundle_dir), scratch_dir=bundle_dir.parent)
+    _print_report(report)
+    require_passed(report)
+    console.print("[bold green]validation passed[/]")
+
+
+@app.command()
+@handle_errors
+def inspect(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with manifest.json) or an export.")) -> None:
+    """Show a bundle's manifest, verify its files and list the delegates read from the program."""
+    from prefect_executorch.artifacts.registry import verify_bundle_dir
+    from prefect_executorch.program import read_program
+
+    manifest = verify_bundle_dir(bundle_dir)
+    facts = read_program(bundle_dir / manifest.program)
+    console.print_json(manifest.model_dump_json())
+    console.print(f"[bold green]all {len(manifest.files)} files match the manifest[/]")
+    for name, method in facts.items():
+        console.print(f"  {name}: delegates {method.delegates}, {method.kernel_calls} portable kernel calls")
+
+
+@app.command()
+@handle_errors
+def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Show what this machine can build: versions, CUDA channel, GPUs, OS and arch."""
+    from prefect_executorch.toolchain import probe as run_probe
+
+    toolchain = run_probe()
+    if as_json:
+        sys.stdout.write(toolchain.model_dump_json(indent=2) + "\n")
+        return
+    table = Table(title="toolchain", show_header=False)
+    for key, value in toolchain.model_dump().items():
+        table.add_row(key, str(value))
+    console.print(table)

@@ -1,0 +1,73 @@
+"""Typed errors: each message says what was expected, what was found, and what to do."""
+
+from __future__ import annotations
+
+
+class PrefectExecutorchError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+    #: CLI exit code: 2 for bad input (usage), 1 for a failure while doing the work.
+    exit_code = 1
+
+
+class SpecError(PrefectExecutorchError, ValueError):
+    """The build spec (or another user input) is invalid; the message names the field."""
+
+    exit_code = 2
+
+
+class ToolchainMismatch(PrefectExecutorchError):
+    """This machine's toolchain cannot build or run what was asked for."""
+
+    exit_code = 2
+
+
+class ExportFailed(PrefectExecutorchError):
+    """Exporting the model to an ExecuTorch program failed."""
+
+
+class ChildProcessFailed(PrefectExecutorchError):
+    """An isolated child process crashed, was killed or timed out."""
+
+    def __init__(self, message: str, *, returncode: int | None = None, stderr_tail: str = "") -> None:
+        super().__init__(message)
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+
+
+class ValidationFailed(PrefectExecutorchError):
+    """The exported program does not match eager PyTorch within the spec's tolerances."""
+
+
+class BundleConflict(PrefectExecutorchError):
+    """A bundle (or alias) already exists where a new one was to be written."""
+
+
+class BundleNotFound(PrefectExecutorchError):
+    """No bundle or alias matches what was asked for."""
+
+
+class IntegrityError(PrefectExecutorchError):
+    """A stored object does not match its manifest (size, sha256, pairing or location)."""
+
+
+class StoreError(PrefectExecutorchError):
+    """The object store refused or failed a request (credentials, bucket, network)."""
+
+
+class ObjectExists(BundleConflict):
+    """A conditional create found the object already there; nothing was overwritten."""
+
+    def __init__(self, message: str, *, key: str, existing_sha256: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.existing_sha256 = existing_sha256
+
+
+class PreconditionFailed(BundleConflict):
+    """A compare-and-swap found another value than expected; nothing was written."""
+
+    def __init__(self, message: str, *, key: str, current_etag: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.current_etag = current_etag

@@ -1,0 +1,115 @@
+"""Export a model to an ExecuTorch program, in a child process, into a fresh directory."""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from prefect_executorch.errors import ChildProcessFailed, ExportFailed
+from prefect_executorch.hashing import sha256_file
+from prefect_executorch.isolation import run_isolated
+from prefect_executorch.program import MethodFacts, read_program
+from prefect_executorch.spec import BuildSpec
+from prefect_executorch.targets import PROGRAM_FILE, get_target
+
+
+class ExportRequest(BaseModel):
+    """What the export child gets."""
+
+    spec: BuildSpec
+    out_dir: str
+
+
+class ExportedProgramDir(BaseModel):
+    """A finished export: its own directory, its files and what each method runs on."""
+
+    out_dir: str
+    program: str = PROGRAM_FILE
+    data_files: list[str] = Field(default_factory=list, description="The .ptd files beside the .pte.")
+    methods: dict[str, MethodFacts]
+    weights_sha256: str | None = None
+    seconds: float
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def path(self) -> Path:
+        """The export directory."""
+        return Path(self.out_dir)
+
+    def delegates(self) -> dict[str, list[str]]:
+        """Delegate list per method."""
+        return {name: facts.delegates for name, facts in self.methods.items()}
+
+
+def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
+    """Child side: load the model, export every method, lower for the target, read the result."""
+    import torch
+
+    from prefect_executorch.inputs import dynamic_shapes, example_inputs
+    from prefect_executorch.modelref import load_model, method_module
+
+    started = time.monotonic()
+    req = ExportRequest.model_validate(request)
+    spec, out_dir = req.spec, Path(req.out_dir)
+    target = get_target(spec.target_name)
+    model = load_model(spec)
+    programs = {}
+    with torch.no_grad():
+        for name, method in spec.methods.items():
+            module = method_module(model, name, method.attribute)
+            args = example_inputs(method, seed=spec.validation.seed)
+            try:
+                programs[name] = target.export_method(module, args, dynamic_shapes(method), spec)
+            except Exception as exc:  # torch.export raises many types; all mean the same to the user
+                shapes = ", ".join(f"{i.name}: {i.dtype} {i.shape}" for i in method.inputs)
+                raise ExportFailed(
+                    f"torch.export of method {name!r} with inputs ({shapes}) failed: {type(exc).__name__}: {exc}"
+                ) from exc
+        target.lower(programs, spec, out_dir)
+    pte = out_dir / PROGRAM_FILE
+    if not pte.is_file():
+        raise ExportFailed(f"target {target.name!r} wrote no {PROGRAM_FILE} into {out_dir}")
+    data_files = sorted(p.name for p in out_dir.glob("*.ptd"))
+    if spec.external_weights and not data_files:
+        raise ExportFailed("external_weights is set but the export wrote no .ptd file")
+    return ExportedProgramDir(
+        out_dir=str(out_dir),
+        data_files=data_files,
+        methods=read_program(pte),
+        weights_sha256=sha256_file(spec.weights) if spec.weights else None,
+        seconds=time.monotonic() - started,
+    )
+
+
+def fresh_export_dir(spec: BuildSpec, output_root: Path) -> Path:
+    """A new directory that no other export has used (the CUDA backend's .ptd name is fixed)."""
+    output_root.mkdir(parents=True, exist_ok=True)
+    path = output_root / f"{spec.name}-{spec.version}-{spec.target_name}-{uuid.uuid4().hex[:12]}"
+    path.mkdir()
+    return path
+
+
+def export_program(spec: BuildSpec, output_root: Path, memory_limit_mib: int | None = None) -> ExportedProgramDir:
+    """Export ``spec`` into a fresh directory under ``output_root``; on failure nothing is left behind."""
+    out_dir = fresh_export_dir(spec, output_root)
+    try:
+        return run_isolated(
+            "export",
+            ExportRequest(spec=spec, out_dir=str(out_dir)),
+            ExportedProgramDir,
+            timeout_s=spec.export_timeout_s,
+            scratch_dir=output_root,
+            memory_limit_mib=memory_limit_mib,
+            what=f"export of {spec.name} {spec.version} for {spec.target_name}",
+        )
+    except ChildProcessFailed as exc:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise ExportFailed(str(exc)) from exc
+    except BaseException:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise

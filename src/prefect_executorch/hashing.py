@@ -1,0 +1,22 @@
+"""Streaming sha256 helpers (files are never read whole)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+CHUNK = 8 * 2**20
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of bytes."""
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,151 @@
+"""Run crash-prone work (export, loading a program) in a child process with a timeout.
+
+The parent writes a pydantic request to a JSON file and starts
+``python -m prefect_executorch.isolation COMMAND REQUEST RESPONSE``; the child writes the result
+(or a typed error) to the response file. A crash, a signal or a timeout becomes
+``ChildProcessFailed`` carrying the child's stderr tail, and the parent process lives on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from pydantic import BaseModel
+
+from prefect_executorch import errors
+
+#: Commands a child can run: name -> "module:function" taking the request JSON, returning a model.
+COMMANDS: dict[str, str] = {
+    "export": "prefect_executorch.exporter:export_in_child",
+    "validate": "prefect_executorch.validator:validate_in_child",
+}
+
+ResultT = TypeVar("ResultT", bound=BaseModel)
+STDERR_TAIL_CHARS = 4000
+
+
+def _tail(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-STDERR_TAIL_CHARS:].decode(errors="replace").strip()
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+def run_isolated(
+    command: str,
+    request: BaseModel,
+    result_type: type[ResultT],
+    *,
+    timeout_s: float,
+    scratch_dir: Path,
+    memory_limit_mib: int | None = None,
+    what: str | None = None,
+) -> ResultT:
+    """Run ``command`` on ``request`` in a fresh Python process and return its typed result."""
+    what = what or command
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    ipc = Path(tempfile.mkdtemp(prefix=f".{command}-", dir=scratch_dir))
+    try:
+        request_path, response_path, log_path = ipc / "request.json", ipc / "response.json", ipc / "stderr.log"
+        request_path.write_text(request.model_dump_json())
+        argv = [sys.executable, "-m", "prefect_executorch.isolation", command, str(request_path), str(response_path)]
+        if memory_limit_mib:
+            argv.append(str(memory_limit_mib))
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise errors.ChildProcessFailed(
+                    f"{what} timed out after {timeout_s:g} s and was killed; raise the timeout in the spec "
+                    f"if the model needs longer.\n--- child stderr (tail) ---\n{_tail(log_path)}",
+                    returncode=None,
+                    stderr_tail=_tail(log_path),
+                ) from None
+            finally:
+                # Grandchildren the child left behind must not outlive it.
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        stderr_tail = _tail(log_path)
+        if returncode != 0 or not response_path.exists():
+            hint = ""
+            if returncode == -signal.SIGKILL and memory_limit_mib:
+                hint = f" (possibly over its memory limit of {memory_limit_mib} MiB)"
+            raise errors.ChildProcessFailed(
+                f"{what} child process {_describe_exit(returncode)}{hint}\n--- child stderr (tail) ---\n{stderr_tail}",
+                returncode=returncode,
+                stderr_tail=stderr_tail,
+            )
+        response = json.loads(response_path.read_text())
+    finally:
+        shutil.rmtree(ipc, ignore_errors=True)
+    if "error" in response:
+        error_type = getattr(errors, response["error"], None)
+        if isinstance(error_type, type) and issubclass(error_type, errors.PrefectExecutorchError):
+            if error_type is errors.ChildProcessFailed:
+                raise errors.ChildProcessFailed(response["message"], stderr_tail=stderr_tail)
+            raise error_type(response["message"])
+        raise errors.ChildProcessFailed(
+            f"{what} failed in the child process: {response['message']}", stderr_tail=stderr_tail
+        )
+    return result_type.model_validate(response["result"])
+
+
+def _resolve(command: str) -> Callable[[dict[str, Any]], BaseModel]:
+    module, _, function = COMMANDS[command].partition(":")
+    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+
+
+def _child_main(argv: list[str]) -> int:
+    command, request_path, response_path = argv[:3]
+    if len(argv) > 3:
+        limit = int(argv[3]) * 2**20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    started = time.monotonic()
+    request = json.loads(Path(request_path).read_text())
+    try:
+        result = _resolve(command)(request)
+        response: dict[str, Any] = {"result": result.model_dump(mode="json")}
+    except errors.PrefectExecutorchError as exc:
+        response = {"error": type(exc).__name__, "message": str(exc)}
+    except MemoryError:
+        response = {"error": "ChildProcessFailed", "message": f"{command} ran out of memory"}
+    except Exception as exc:  # noqa: BLE001 - everything else is reported with its traceback
+        traceback.print_exc()
+        response = {"error": type(exc).__name__, "message": f"{type(exc).__name__}: {exc}"}
+    tmp = Path(response_path + ".tmp")
+    tmp.write_text(json.dumps(response))
+    tmp.rename(response_path)
+    print(f"{command} child finished in {time.monotonic() - started:.1f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv[1:]))

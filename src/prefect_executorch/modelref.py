@@ -1,0 +1,105 @@
+"""Load the user's model from its import reference and optional state dict."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import pickle
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Callable
+
+from prefect_executorch.errors import SpecError
+
+if TYPE_CHECKING:
+    import torch
+
+    from prefect_executorch.spec import BuildSpec
+
+
+def load_factory(reference: str) -> Callable[[], Any]:
+    """Import ``module:factory`` or ``path/file.py:factory`` and return the factory."""
+    module_name, _, factory_name = reference.rpartition(":")
+    try:
+        if module_name.endswith(".py"):
+            unique = "_prefect_executorch_model_" + hashlib.sha256(module_name.encode()).hexdigest()[:12]
+            spec = importlib.util.spec_from_file_location(unique, module_name)
+            if spec is None or spec.loader is None:
+                raise SpecError(f"model: cannot load {module_name!r} as a Python file")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[unique] = module
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except FileNotFoundError:
+        raise SpecError(f"model: file {module_name!r} does not exist") from None
+    except ModuleNotFoundError as exc:
+        raise SpecError(f"model: cannot import {module_name!r}: {exc}") from None
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise SpecError(
+            f"model: {module_name!r} has no callable {factory_name!r}; "
+            "name a function that returns a torch.nn.Module"
+        )
+    return factory  # type: ignore[no-any-return]
+
+
+def load_model(spec: BuildSpec) -> torch.nn.Module:
+    """Build the model with its factory, load the weights, switch to eval mode."""
+    import torch
+
+    model = load_factory(spec.model)()
+    if not isinstance(model, torch.nn.Module):
+        raise SpecError(
+            f"model: factory {spec.model!r} returned {type(model).__name__}, expected a torch.nn.Module"
+        )
+    if spec.weights is not None:
+        try:
+            state = torch.load(spec.weights, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            raise SpecError(
+                f"weights: {spec.weights!r} cannot be loaded with weights_only=True (it needs pickle, which "
+                f"is refused for safety): {first_line}; save it with torch.save(model.state_dict(), path)"
+            ) from None
+        except (OSError, RuntimeError, EOFError) as exc:
+            raise SpecError(f"weights: cannot read {spec.weights!r}: {exc}") from None
+        if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+            raise SpecError(
+                f"weights: {spec.weights!r} holds {type(state).__name__}, expected a state dict "
+                "(a mapping of names to tensors) as saved by torch.save(model.state_dict(), path)"
+            )
+        try:
+            model.load_state_dict(state, strict=True)
+        except RuntimeError as exc:
+            raise SpecError(f"weights: {spec.weights!r} does not fit the model: {exc}") from None
+    return model.eval()
+
+
+def method_callable(model: torch.nn.Module, method: str, attribute: str | None) -> Callable[..., Any]:
+    """The bound method that implements ``method`` (its ``attribute``, default its name)."""
+    name = attribute or method
+    function = getattr(model, name, None)
+    if not callable(function):
+        raise SpecError(f"methods.{method}: the model has no method {name!r}; set methods.{method}.attribute")
+    return function  # type: ignore[no-any-return]
+
+
+def method_module(model: torch.nn.Module, method: str, attribute: str | None) -> torch.nn.Module:
+    """A module whose ``forward`` is ``method`` of ``model`` (``model`` itself for ``forward``)."""
+    import torch
+
+    function = method_callable(model, method, attribute)
+    if (attribute or method) == "forward":
+        return model
+
+    class _Method(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: Any) -> Any:
+            return function(*args)
+
+    return _Method().eval()

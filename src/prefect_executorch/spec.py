@@ -1,0 +1,278 @@
+"""The build spec: what to export, for which target, and how to validate it."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from prefect_executorch.errors import SpecError
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+_NAME_RE = re.compile(NAME_PATTERN)
+
+Dtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"]
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+#: Default tolerances per dtype (|program - eager| <= atol + rtol * |eager|); ints and bools are exact.
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1e-4, 1e-4),
+    "float16": (5e-3, 5e-3),
+    "bfloat16": (1.6e-2, 1.6e-2),
+}
+DEFAULT_MIN_COSINE: dict[str, float] = {"float32": 0.999, "float16": 0.99, "bfloat16": 0.99}
+
+
+NAME_RULE = (
+    "is not a valid name; use 1-128 lowercase letters, digits, '-', '_' or '.', "
+    "starting with a letter or digit, with no '/' and no '..'"
+)
+
+
+def is_safe_name(value: object) -> bool:
+    """Whether ``value`` can be one path segment of a bundle key."""
+    return isinstance(value, str) and bool(_NAME_RE.match(value)) and ".." not in value
+
+
+def check_name(value: str, field: str) -> str:
+    """Return ``value`` if it is a safe path segment, else raise ``SpecError`` naming ``field``."""
+    if not is_safe_name(value):
+        raise SpecError(f"{field}: {value!r} {NAME_RULE}")
+    return value
+
+
+class StrictModel(BaseModel):
+    """Base of every spec model: unknown fields are an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DynamicDim(StrictModel):
+    """Range of a dynamic dimension; dims sharing a ``name`` vary together."""
+
+    min: int = Field(ge=1, description="Smallest size the program must accept.")
+    max: int = Field(ge=1, description="Largest size the program must accept.")
+    opt: int | None = Field(None, ge=1, description="Typical size; defaults to the size in `shape`.")
+    name: str | None = Field(None, description="Shared name: dims with the same name are one symbol.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> DynamicDim:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        if self.opt is not None and not self.min <= self.opt <= self.max:
+            raise ValueError(f"opt ({self.opt}) must lie within [min, max] = [{self.min}, {self.max}]")
+        return self
+
+
+class InputSpec(StrictModel):
+    """One positional input of a method."""
+
+    name: str = Field(description="Input name, used in reports and error messages.")
+    shape: list[int] = Field(description="Example shape used for export (and the 'opt' shape).")
+    dtype: Dtype = "float32"
+    dynamic: dict[int, DynamicDim] = Field(default_factory=dict, description="Dynamic dims by index.")
+    low: float | None = Field(None, description="Lower bound of random values (default -1, or 0 for ints).")
+    high: float | None = Field(None, description="Upper bound of random values (default 1, or 10 for ints).")
+    distribution: Literal["uniform", "normal", "int_range"] | None = Field(
+        None, description="How random values are drawn; defaults by dtype."
+    )
+
+    @field_validator("shape")
+    @classmethod
+    def _positive(cls, shape: list[int]) -> list[int]:
+        if any(d < 0 for d in shape):
+            raise ValueError(f"sizes must be >= 0, got {shape}")
+        return shape
+
+    @model_validator(mode="after")
+    def _dims_in_range(self) -> InputSpec:
+        for index, dim in self.dynamic.items():
+            if not 0 <= index < len(self.shape):
+                raise ValueError(f"dynamic dim {index} is outside the shape {self.shape}")
+            if not dim.min <= self.shape[index] <= dim.max:
+                raise ValueError(
+                    f"shape[{index}] = {self.shape[index]} must lie within the dynamic range "
+                    f"[{dim.min}, {dim.max}]"
+                )
+            if self.shape[index] < 2:
+                raise ValueError(
+                    f"shape[{index}] = {self.shape[index]}: torch.export specializes sizes 0 and 1, "
+                    "so the example size of a dynamic dim must be >= 2"
+                )
+        if self.low is not None and self.high is not None and self.low >= self.high:
+            raise ValueError(f"low ({self.low}) must be < high ({self.high})")
+        return self
+
+
+class MethodSpec(StrictModel):
+    """A method of the program: the module attribute it calls and its inputs."""
+
+    inputs: list[InputSpec] = Field(min_length=1)
+    attribute: str | None = Field(None, description="Module method to export; defaults to the method name.")
+
+
+class ValidationSpec(StrictModel):
+    """How the exported program is compared with eager PyTorch."""
+
+    atol: float | None = Field(None, ge=0, description="Absolute tolerance; default per dtype.")
+    rtol: float | None = Field(None, ge=0, description="Relative tolerance; default per dtype.")
+    min_cosine: float | None = Field(None, ge=-1, le=1, description="Cosine floor; default per dtype.")
+    samples: int = Field(2, ge=1, le=1000, description="Seeded random input draws per shape.")
+    seed: int = 0
+    timeout_s: float = Field(600, gt=0, description="Wall-time limit of the validating child process.")
+
+
+class XnnpackTarget(StrictModel):
+    """CPU target: XNNPACK delegate, portable kernels for the rest."""
+
+    kind: Literal["xnnpack"] = "xnnpack"
+
+
+class PortableTarget(StrictModel):
+    """CPU target: ExecuTorch portable kernels only."""
+
+    kind: Literal["portable"] = "portable"
+
+
+TargetSpec = Annotated[Union[XnnpackTarget, PortableTarget], Field(discriminator="kind")]
+
+
+class BuildSpec(StrictModel):
+    """Everything one build needs; loadable from YAML or JSON."""
+
+    name: str = Field(description="Model name (a path segment of the bundle key).")
+    version: str = Field(description="Model version (a path segment of the bundle key).")
+    model: str = Field(description="'package.module:factory' or 'path/to/file.py:factory'.")
+    weights: str | None = Field(None, description="State dict loaded with torch.load(weights_only=True).")
+    methods: dict[str, MethodSpec] = Field(min_length=1, description="Methods of the program by name.")
+    target: TargetSpec = Field(default_factory=XnnpackTarget)
+    validation: ValidationSpec = Field(default_factory=ValidationSpec)
+    external_weights: bool = Field(False, description="Store weights in a .ptd beside the .pte.")
+    export_timeout_s: float = Field(1800, gt=0, description="Wall-time limit of the export child process.")
+
+    @field_validator("name", "version")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        if not is_safe_name(value):
+            raise ValueError(f"{value!r} {NAME_RULE}")
+        return value
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _target_shorthand(cls, value: Any) -> Any:
+        return {"kind": value} if isinstance(value, str) else value
+
+    @field_validator("methods")
+    @classmethod
+    def _method_names(cls, methods: dict[str, MethodSpec]) -> dict[str, MethodSpec]:
+        for name in methods:
+            if not name.isidentifier():
+                raise ValueError(f"method name {name!r} must be a Python identifier")
+        return methods
+
+    @field_validator("model")
+    @classmethod
+    def _model_reference(cls, value: str) -> str:
+        module, sep, factory = value.rpartition(":")
+        if not sep or not module or not factory.isidentifier():
+            raise ValueError(
+                f"{value!r} must be 'package.module:factory' or 'path/to/file.py:factory'"
+            )
+        return value
+
+    @property
+    def target_name(self) -> str:
+        """The target's registry name (``xnnpack``, ``portable``...)."""
+        return self.target.kind
+
+    def canonical_json(self) -> str:
+        """Key-sorted JSON of the spec, the basis of its hash."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def sha256(self) -> str:
+        """sha256 of the canonical JSON."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    def check_model_reference(self) -> None:
+        """Check, without running user code, that the factory can be found."""
+        module, _, factory = self.model.rpartition(":")
+        if module.endswith(".py"):
+            path = Path(module)
+            if not path.is_file():
+                raise SpecError(f"model: file {module!r} does not exist (resolved relative to the spec file)")
+            tree = ast.parse(path.read_text(), filename=str(path))
+            names = {
+                node.name
+                for node in tree.body
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            } | {
+                target.id
+                for node in tree.body
+                if isinstance(node, ast.Assign)
+                for target in node.targets
+                if isinstance(target, ast.Name)
+            }
+            if factory not in names:
+                raise SpecError(f"model: {module!r} defines no top-level {factory!r}; name a function that returns a torch.nn.Module")
+        else:
+            try:
+                found = importlib.util.find_spec(module)
+            except (ImportError, ValueError) as exc:
+                raise SpecError(f"model: cannot import {module!r}: {exc}") from None
+            if found is None:
+                raise SpecError(f"model: no module named {module!r}; check the name or install the package that provides it")
+        if self.weights is not None and not Path(self.weights).is_file():
+            raise SpecError(f"weights: file {self.weights!r} does not exist")
+
+
+def _format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        location = ".".join(str(part) for part in err["loc"]) or "spec"
+        message = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown field; remove it or check its spelling"
+        elif err["type"] == "literal_error":
+            message = f"{message} (got {err.get('input')!r})"
+        lines.append(f"{location}: {message}")
+    return "invalid build spec:\n  " + "\n  ".join(lines)
+
+
+def parse_spec(data: Any, base_dir: Path | None = None) -> BuildSpec:
+    """Validate a mapping as a ``BuildSpec``; relative model/weights paths resolve against ``base_dir``."""
+    if not isinstance(data, dict):
+        raise SpecError(f"spec: expected a mapping of fields, got {type(data).__name__}")
+    if base_dir is not None:
+        data = dict(data)
+        model = data.get("model")
+        if isinstance(model, str) and ".py:" in model:
+            path, _, factory = model.rpartition(":")
+            data["model"] = f"{(base_dir / path).resolve()}:{factory}"
+        weights = data.get("weights")
+        if isinstance(weights, str):
+            data["weights"] = str((base_dir / weights).resolve())
+    try:
+        return BuildSpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_format_validation_error(exc)) from None
+
+
+def load_spec(path: str | Path) -> BuildSpec:
+    """Load a spec from a YAML or JSON file (JSON is YAML)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"spec: cannot read {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"spec: {str(path)!r} is not valid YAML/JSON: {exc}") from None
+    return parse_spec(data, base_dir=path.parent)

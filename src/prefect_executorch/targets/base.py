@@ -1,0 +1,56 @@
+"""The target interface: one object per target, one job per method."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+    from prefect_executorch.spec import BuildSpec
+    from prefect_executorch.toolchain import Toolchain
+
+#: Name of the program file in every bundle.
+PROGRAM_FILE = "model.pte"
+#: Tag (and so file stem) our CPU targets give external weights: ``model.ptd``.
+WEIGHTS_TAG = "model"
+
+
+class Target(ABC):
+    """How one target checks, exports, loads and describes a build."""
+
+    name: ClassVar[str]
+
+    def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
+        """Raise ``SpecError``/``ToolchainMismatch`` for what cannot work; return warnings."""
+        return []
+
+    @abstractmethod
+    def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
+        """The compat key: where the bundle runs, e.g. ``cpu-xnnpack-x86_64``."""
+
+    def export_method(
+        self, module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any, spec: BuildSpec
+    ) -> ExportedProgram:
+        """``torch.export`` one method (a module whose ``forward`` is that method)."""
+        import torch
+
+        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
+
+    @abstractmethod
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> None:
+        """Lower the exported methods and write ``model.pte`` (and any ``.ptd``) into ``out_dir``."""
+
+    def runtime_setup(self) -> None:
+        """Import what the validating process needs before it loads a program."""
+
+    def prepare_input(self, tensor: torch.Tensor, spec: BuildSpec) -> torch.Tensor:
+        """Place an input where the program wants it (default: host memory)."""
+        return tensor
+
+    def runtime_hints(self, spec: BuildSpec) -> dict[str, Any]:
+        """What a consumer of the bundle must know to run it (recorded in the manifest)."""
+        return {"input_device": "cpu"}

@@ -1,0 +1,84 @@
+"""CPU targets: XNNPACK and portable kernels."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect_executorch.errors import ToolchainMismatch
+from prefect_executorch.targets.base import PROGRAM_FILE, WEIGHTS_TAG, Target
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+    from prefect_executorch.spec import BuildSpec
+    from prefect_executorch.toolchain import Toolchain
+
+
+def _weights_tag(node: Any) -> str:
+    return WEIGHTS_TAG
+
+
+def _write(manager: Any, spec: BuildSpec, out_dir: Path) -> None:
+    (out_dir / PROGRAM_FILE).write_bytes(manager.buffer)
+    if spec.external_weights:
+        manager.write_tensor_data_to_file(str(out_dir))
+
+
+def _backend_config(spec: BuildSpec) -> Any:
+    from executorch.exir import ExecutorchBackendConfig
+
+    return ExecutorchBackendConfig(external_constants=_weights_tag if spec.external_weights else False)
+
+
+class CpuTarget(Target):
+    """What the CPU targets share: the compat key and the ExecuTorch check."""
+
+    def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
+        if toolchain.executorch is None:
+            raise ToolchainMismatch(
+                f"target {self.name!r} needs ExecuTorch; install it with: pip install executorch==1.4.1"
+            )
+        return []
+
+    def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
+        return f"cpu-{self.name}-{toolchain.arch}"
+
+
+class PortableTarget(CpuTarget):
+    """ExecuTorch's portable kernels, no delegate."""
+
+    name = "portable"
+
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> None:
+        from executorch.exir import to_edge
+
+        _write(to_edge(programs).to_executorch(_backend_config(spec)), spec, out_dir)
+
+
+class XnnpackTarget(CpuTarget):
+    """XNNPACK delegate for what it takes, portable kernels for the rest."""
+
+    name = "xnnpack"
+
+    def export_method(
+        self, module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any, spec: BuildSpec
+    ) -> ExportedProgram:
+        program = super().export_method(module, args, dynamic_shapes, spec)
+        if not spec.external_weights:
+            return program
+        # XNNPACK reads where its weights go from a tag on the unlifted graph, so the program is
+        # tagged and exported once more (as executorch's own external-weights tests do).
+        from executorch.exir.passes.external_constants_pass import delegate_external_constants_pass_unlifted
+
+        unlifted = program.module()
+        delegate_external_constants_pass_unlifted(module=unlifted, gen_tag_fn=_weights_tag)
+        return super().export_method(unlifted, args, dynamic_shapes, spec)
+
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> None:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+        from executorch.exir import to_edge_transform_and_lower
+
+        edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+        _write(edge.to_executorch(_backend_config(spec)), spec, out_dir)

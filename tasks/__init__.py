@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers over the library functions, one pipeline stage each."""

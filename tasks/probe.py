@@ -1,0 +1,24 @@
+"""Probe the worker's toolchain and refuse a spec it cannot build."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+
+from prefect_executorch.spec import BuildSpec
+from prefect_executorch.targets import get_target
+from prefect_executorch.toolchain import Toolchain, probe
+
+
+@task(name="probe-toolchain")
+def probe_toolchain() -> Toolchain:
+    """What this worker is: versions, CUDA channel, GPUs, OS and arch."""
+    return probe()
+
+
+@task(name="check-buildable")
+def check_buildable(spec: BuildSpec, toolchain: Toolchain) -> str:
+    """Raise for what this worker cannot build; log warnings; return the bundle's compat key."""
+    target = get_target(spec.target_name)
+    for warning in target.check(spec, toolchain):
+        get_run_logger().warning(warning)
+    return target.compat(spec, toolchain)
