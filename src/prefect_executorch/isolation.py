@@ -118,6 +118,16 @@ def run_isolated(
     return result_type.model_validate(response["result"])
 
 
+def _describe_chain(exc: BaseException) -> str:
+    """``Type: message`` of an exception and of every cause under it (the root cause is what helps)."""
+    parts = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 5:
+        parts.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return "\n  caused by ".join(parts)
+
+
 def _resolve(command: str) -> Callable[[dict[str, Any]], BaseModel]:
     module, _, function = COMMANDS[command].partition(":")
     return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
@@ -139,7 +149,7 @@ def _child_main(argv: list[str]) -> int:
         response = {"error": "ChildProcessFailed", "message": f"{command} ran out of memory"}
     except Exception as exc:  # noqa: BLE001 - everything else is reported with its traceback
         traceback.print_exc()
-        response = {"error": type(exc).__name__, "message": f"{type(exc).__name__}: {exc}"}
+        response = {"error": type(exc).__name__, "message": _describe_chain(exc)}
     tmp = Path(response_path + ".tmp")
     tmp.write_text(json.dumps(response))
     tmp.rename(response_path)

@@ -25,6 +25,17 @@ def _describe(tensor: torch.Tensor) -> str:
     return f"{str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}"
 
 
+def _spec_bounds(spec: InputSpec) -> list[tuple[int, int]]:
+    return [
+        (spec.dynamic[i].min, spec.dynamic[i].max) if i in spec.dynamic else (size, size)
+        for i, size in enumerate(spec.shape)
+    ]
+
+
+def _spec_shape(spec: InputSpec) -> str:
+    return "[" + ", ".join(f"{lo}..{hi}" if lo != hi else str(lo) for lo, hi in _spec_bounds(spec)) + "]"
+
+
 class LoadedProgram:
     """A program loaded by the ExecuTorch runtime, with its facts for input checks."""
 
@@ -57,15 +68,23 @@ class LoadedProgram:
         for index, (tensor, want) in enumerate(zip(inputs, declared)):
             if want is None:
                 continue
-            name = specs[index].name if specs and index < len(specs) else f"#{index}"
+            spec = specs[index] if specs and index < len(specs) else None
+            name = spec.name if spec else f"#{index}"
             got_dtype = str(tensor.dtype).removeprefix("torch.")
-            fits = got_dtype == want.dtype and tensor.dim() == len(want.sizes) and all(
-                (size <= bound) if want.dynamic else (size == bound) for size, bound in zip(tensor.shape, want.sizes)
-            )
-            if not fits:
-                bound = "at most " if want.dynamic else ""
+            # XNNPACK does not check static dims and returns garbage for a wrong size: check here.
+            if spec is not None:
+                expected = _spec_shape(spec)
+                fits = tensor.dim() == len(spec.shape) and all(
+                    lo <= size <= hi for size, (lo, hi) in zip(tensor.shape, _spec_bounds(spec))
+                )
+            else:
+                expected = f"{'at most ' if want.dynamic else ''}{want.sizes}"
+                fits = tensor.dim() == len(want.sizes) and all(
+                    (size <= bound) if want.dynamic else (size == bound) for size, bound in zip(tensor.shape, want.sizes)
+                )
+            if got_dtype != want.dtype or not fits:
                 raise ValidationFailed(
-                    f"method {method!r} input {name!r}: expected {want.dtype} {bound}{want.sizes}, "
+                    f"method {method!r} input {name!r}: expected {want.dtype} {expected}, "
                     f"got {_describe(tensor)}; fix the input or the spec's methods.{method}.inputs"
                 )
 

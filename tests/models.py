@@ -1,0 +1,76 @@
+"""Model factories the tests' specs point at (``tests/models.py:<factory>``)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+
+class ConvNet(nn.Module):
+    # Named children: executorch 1.4.1's FuseBatchNormPass fails on a conv whose parameter is a
+    # bare index ("0.weight"), as in a top-level nn.Sequential.
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv(x)))
+        return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(y, 1), 1))
+
+
+def convnet() -> nn.Module:
+    """Conv + batch norm with non-trivial running statistics."""
+    torch.manual_seed(0)
+    model = ConvNet()
+    model.bn.running_mean.uniform_(-0.5, 0.5)
+    model.bn.running_var.uniform_(0.5, 1.5)
+    return model
+
+
+class TwoOutputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.proj(x)
+        return torch.relu(y), y.sum(dim=-1)
+
+
+def two_outputs() -> nn.Module:
+    torch.manual_seed(1)
+    return TwoOutputs()
+
+
+class Mlp(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, 64)
+        self.fc2 = nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc1(x))
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(2)
+    return Mlp()
+
+
+def not_a_module() -> object:
+    return {"weights": [1, 2, 3]}
+
+
+def aborts() -> nn.Module:
+    os.abort()
+
+
+def raises() -> nn.Module:
+    raise RuntimeError("factory exploded on purpose")

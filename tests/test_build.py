@@ -1,0 +1,119 @@
+"""Real CPU builds through the Prefect flow: export -> validate -> publish -> pull -> run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from prefect_executorch.artifacts.manifest import BundleKey
+from prefect_executorch.artifacts.registry import pull, verify_bundle_dir
+from prefect_executorch.artifacts.store import LocalStore
+from prefect_executorch.errors import BundleConflict, ExportFailed, SpecError, ValidationFailed
+from prefect_executorch.flows.build import build_bundle
+from prefect_executorch.hashing import sha256_file
+from prefect_executorch.inputs import random_inputs
+from prefect_executorch.modelref import load_model, method_callable
+from prefect_executorch.report import ValidationReport
+from prefect_executorch.runtime import LoadedProgram
+from prefect_executorch.spec import BuildSpec
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+DYNAMIC_IMAGE = {"forward": {"inputs": [
+    {"name": "image", "shape": [2, 3, 8, 8], "dynamic": {0: {"min": 1, "max": 4}}},
+]}}
+
+
+def _run_pulled(spec: BuildSpec, store: LocalStore, key: BundleKey, dest: Path) -> None:
+    """Pull the bundle into a fresh directory and check every method against eager at new shapes."""
+    manifest = pull(store, key, dest)
+    assert verify_bundle_dir(dest) == manifest
+    program = LoadedProgram(dest / manifest.program, dest / manifest.data_files[0] if manifest.data_files else None)
+    model = load_model(spec)
+    generator = torch.Generator().manual_seed(1234)
+    for name, method in spec.methods.items():
+        shapes = [list(i.shape) for i in method.inputs]
+        for inp in method.inputs:
+            for index, dim in inp.dynamic.items():
+                shapes[method.inputs.index(inp)][index] = dim.max
+        inputs = random_inputs(method, shapes, generator)
+        got = program.run(name, inputs)
+        want = method_callable(model, name, method.attribute)(*inputs)
+        want = want if isinstance(want, tuple) else (want,)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
+
+
+def test_convnet_dynamic_batch_end_to_end(make_spec, tmp_path: Path) -> None:
+    spec = make_spec("convnet", methods=DYNAMIC_IMAGE, validation={"samples": 1})
+    store = LocalStore(tmp_path / "store")
+    ref = build_bundle(spec, store=str(store.root), output=str(tmp_path / "out"))
+    assert ref.key.prefix == "convnet/1/xnnpack/cpu-xnnpack-x86_64"
+    bundle = store.root / ref.key.prefix
+    assert sorted(p.name for p in bundle.iterdir()) == ["manifest.json", "model.pte", "validation.json"]
+    manifest = verify_bundle_dir(bundle)
+    for entry in manifest.files:
+        assert sha256_file(bundle / entry.path) == entry.sha256
+    assert manifest.validation.passed and manifest.validation.shapes == {"forward": ["min", "opt", "max"]}
+    assert "XnnpackBackend" in manifest.methods["forward"].delegates
+    assert manifest.spec_sha256 == spec.sha256()
+    _run_pulled(spec, store, ref.key, tmp_path / "pulled")
+
+    with pytest.raises(BundleConflict, match="already published"):
+        build_bundle(spec, store=str(store.root), output=str(tmp_path / "out"))
+    assert verify_bundle_dir(bundle) == manifest
+
+
+def test_two_outputs_two_methods_portable(make_spec, tmp_path: Path) -> None:
+    methods = {"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]},
+               "encode": {"inputs": [{"name": "x", "shape": [3, 32]}]}}
+    spec = make_spec("mlp", methods=methods, target="portable")
+    store = LocalStore(tmp_path / "store")
+    ref = build_bundle(spec, store=str(store.root))
+    manifest = verify_bundle_dir(store.root / ref.key.prefix)
+    assert manifest.delegates() == {"forward": [], "encode": []}
+    _run_pulled(spec, store, ref.key, tmp_path / "pulled")
+
+    two = make_spec("two_outputs", methods={"forward": {"inputs": [{"name": "x", "shape": [5, 16]}]}})
+    ref2 = build_bundle(two, store=str(store.root))
+    bundle2 = store.root / ref2.key.prefix
+    assert verify_bundle_dir(bundle2).validation.shapes == {"forward": ["static"]}
+    report = ValidationReport.model_validate_json((bundle2 / "validation.json").read_text())
+    assert [o.path for o in report.cases[0].outputs] == ["[0]", "[1]"]
+    _run_pulled(two, store, ref2.key, tmp_path / "pulled2")
+
+
+def test_external_weights_are_a_paired_ptd(make_spec, tmp_path: Path) -> None:
+    spec = make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}}, external_weights=True)
+    store = LocalStore(tmp_path / "store")
+    ref = build_bundle(spec, store=str(store.root))
+    manifest = verify_bundle_dir(store.root / ref.key.prefix)
+    assert manifest.data_files == ["model.ptd"]
+    ptd = manifest.file("model.ptd")
+    assert ptd.role == "data" and ptd.size > 32 * 64 * 4  # the weights moved out of the .pte
+    assert manifest.file("model.pte").size < ptd.size
+    _run_pulled(spec, store, ref.key, tmp_path / "pulled")
+
+
+def test_failed_validation_stops_the_flow_and_publishes_nothing(make_spec, tmp_path: Path) -> None:
+    spec = make_spec("convnet", validation={"samples": 1, "atol": 0, "rtol": 0})
+    store = LocalStore(tmp_path / "store")
+    with pytest.raises(ValidationFailed, match="beyond atol=0"):
+        build_bundle(spec, store=str(store.root), output=str(tmp_path / "out"))
+    assert store.list("") == []
+
+
+def test_export_child_crash_is_a_failed_task(make_spec, tmp_path: Path) -> None:
+    spec = make_spec("aborts")
+    with pytest.raises(ExportFailed, match="SIGABRT") as info:
+        build_bundle(spec, store=str(tmp_path / "store"), output=str(tmp_path / "out"))
+    assert "child stderr" in str(info.value)
+    assert [p.name for p in (tmp_path / "out").iterdir()] == []  # no half export left behind
+
+
+def test_factory_returning_no_module_is_a_spec_error(make_spec, tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="returned dict, expected a torch.nn.Module"):
+        build_bundle(make_spec("not_a_module"), store=str(tmp_path / "store"))
