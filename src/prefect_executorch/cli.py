@@ -16,7 +16,7 @@ from prefect_executorch.errors import PrefectExecutorchError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 STORE_ENV = "PREFECT_EXECUTORCH_STORE"
@@ -145,3 +145,7 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     for key, value in toolchain.model_dump().items():
         table.add_row(key, str(value))
     console.print(table)
+
+
+if __name__ == "__main__":
+    app()
