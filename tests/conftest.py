@@ -16,9 +16,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
 
-TESTS = Path(__file__).parent
-MODELS = TESTS / "models.py"
-
+from helpers import spec_data  # noqa: E402
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
@@ -27,20 +25,6 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
-
-
-def spec_data(factory: str = "convnet", **overrides: Any) -> dict[str, Any]:
-    """A spec mapping for a model in tests/models.py; fields may be overridden."""
-    data: dict[str, Any] = {
-        "name": factory.replace("_", "-"),
-        "version": "1",
-        "model": f"{MODELS}:{factory}",
-        "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 3, 8, 8]}]}},
-        "target": "xnnpack",
-        "validation": {"samples": 1},
-    }
-    data.update(overrides)
-    return data
 
 
 @pytest.fixture

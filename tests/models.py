@@ -74,3 +74,29 @@ def aborts() -> nn.Module:
 
 def raises() -> nn.Module:
     raise RuntimeError("factory exploded on purpose")
+
+
+def kills_itself() -> nn.Module:
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def hangs() -> nn.Module:
+    import time
+
+    time.sleep(3600)
+    raise AssertionError("unreachable")
+
+
+def allocates_too_much() -> nn.Module:
+    torch.empty(64 * 2**30, dtype=torch.uint8).fill_(1)  # 64 GiB
+    return Mlp()
+
+
+class NeedsPickle:
+    """Not a tensor: saving one of these makes a file weights_only=True must refuse."""
+
+    def __init__(self) -> None:
+        self.payload = [1, 2, 3]

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import MODELS
+from helpers import MODELS
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 

@@ -10,7 +10,7 @@ from prefect_executorch.errors import SpecError
 from prefect_executorch.inputs import dynamic_shapes, shape_points
 from prefect_executorch.spec import load_spec, parse_spec
 
-from conftest import spec_data
+from helpers import spec_data
 
 
 def _error(data: dict) -> str:

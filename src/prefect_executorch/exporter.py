@@ -68,7 +68,8 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
             except Exception as exc:  # torch.export raises many types; all mean the same to the user
                 shapes = ", ".join(f"{i.name}: {i.dtype} {i.shape}" for i in method.inputs)
                 raise ExportFailed(
-                    f"torch.export of method {name!r} with inputs ({shapes}) failed: {type(exc).__name__}: {exc}"
+                    f"torch.export of method {name!r} with inputs ({shapes}) failed: {type(exc).__name__}: {exc}\n"
+                    f"check that methods.{name}.inputs (shapes, dtypes, dynamic dims) match what the model takes"
                 ) from exc
         target.lower(programs, spec, out_dir)
     pte = out_dir / PROGRAM_FILE

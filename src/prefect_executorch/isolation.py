@@ -118,6 +118,10 @@ def run_isolated(
     return result_type.model_validate(response["result"])
 
 
+def _limit_note(argv: list[str]) -> str:
+    return f" (memory limit {argv[3]} MiB)" if len(argv) > 3 else ""
+
+
 def _describe_chain(exc: BaseException) -> str:
     """``Type: message`` of an exception and of every cause under it (the root cause is what helps)."""
     parts = []
@@ -146,10 +150,13 @@ def _child_main(argv: list[str]) -> int:
     except errors.PrefectExecutorchError as exc:
         response = {"error": type(exc).__name__, "message": str(exc)}
     except MemoryError:
-        response = {"error": "ChildProcessFailed", "message": f"{command} ran out of memory"}
+        response = {"error": "ChildProcessFailed", "message": f"{command} ran out of memory{_limit_note(argv)}"}
     except Exception as exc:  # noqa: BLE001 - everything else is reported with its traceback
         traceback.print_exc()
-        response = {"error": type(exc).__name__, "message": _describe_chain(exc)}
+        message = _describe_chain(exc)
+        if "can't allocate memory" in message:  # torch's allocator under RLIMIT_AS
+            message = f"{command} ran out of memory{_limit_note(argv)}: {message}"
+        response = {"error": type(exc).__name__, "message": message}
     tmp = Path(response_path + ".tmp")
     tmp.write_text(json.dumps(response))
     tmp.rename(response_path)

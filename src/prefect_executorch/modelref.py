@@ -49,7 +49,15 @@ def load_model(spec: BuildSpec) -> torch.nn.Module:
     """Build the model with its factory, load the weights, switch to eval mode."""
     import torch
 
-    model = load_factory(spec.model)()
+    factory = load_factory(spec.model)
+    try:
+        model = factory()
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure of user code is a bad model reference
+        if "can't allocate memory" in str(exc):  # out of memory is the machine's limit, not a bad spec
+            raise
+        raise SpecError(f"model: factory {spec.model!r} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(model, torch.nn.Module):
         raise SpecError(
             f"model: factory {spec.model!r} returned {type(model).__name__}, expected a torch.nn.Module"

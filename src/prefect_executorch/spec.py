@@ -156,6 +156,9 @@ class BuildSpec(StrictModel):
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     external_weights: bool = Field(False, description="Store weights in a .ptd beside the .pte.")
     export_timeout_s: float = Field(1800, gt=0, description="Wall-time limit of the export child process.")
+    export_memory_limit_mib: int | None = Field(
+        None, ge=1024, description="Address-space limit of the export child process (MiB); none by default."
+    )
 
     @field_validator("name", "version")
     @classmethod

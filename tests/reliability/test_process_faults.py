@@ -1,0 +1,50 @@
+"""Export children that die, hang or run out of memory fail the task, and the caller lives on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefect_executorch.errors import ExportFailed, SpecError
+from prefect_executorch.exporter import export_program
+
+
+def _nothing_left(out: Path) -> bool:
+    return not out.exists() or list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("factory", "overrides", "expected"),
+    [
+        ("kills_itself", {}, "was killed by SIGKILL"),
+        ("aborts", {}, "was killed by SIGABRT"),
+        ("hangs", {"export_timeout_s": 15}, "timed out after 15 s and was killed"),
+        ("allocates_too_much", {"export_memory_limit_mib": 6144}, "ran out of memory (memory limit 6144 MiB)"),
+    ],
+)
+def test_export_child_faults_become_failed_exports(make_spec, record_fault, tmp_path: Path, factory: str,
+                                                   overrides: dict, expected: str) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(ExportFailed) as info:
+        export_program(make_spec(factory, **overrides), out, memory_limit_mib=overrides.get("export_memory_limit_mib"))
+    assert expected in str(info.value)
+    assert _nothing_left(out), list(out.iterdir())
+    record_fault("process", f"export child: {factory}")
+
+
+def test_factory_that_raises_is_a_spec_error_naming_the_model(make_spec, record_fault, tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="model: factory .* raised RuntimeError: factory exploded on purpose"):
+        export_program(make_spec("raises"), tmp_path / "out")
+    assert _nothing_left(tmp_path / "out")
+    record_fault("bad input", "factory raises")
+
+
+def test_the_process_builds_again_after_a_crashed_export(make_spec, record_fault, tmp_path: Path) -> None:
+    with pytest.raises(ExportFailed):
+        export_program(make_spec("aborts"), tmp_path / "out")
+    spec = make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}, target="portable")
+    result = export_program(spec, tmp_path / "out")
+    assert (result.path / "model.pte").stat().st_size > 0
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [result.path.name]
+    record_fault("process", "crash, then the next export in the same process")
