@@ -1,0 +1,106 @@
+"""Orchestration overhead: the build_bundle flow vs a plain script doing the same work.
+
+Both build the same model (export + validate + publish with sha256s); the plain script uses
+executorch and hashlib directly in one process. The one-time Prefect start is reported apart.
+Goal: flow / plain <= 1.15.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import report  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "examples" / "convnet" / "spec.yaml"
+
+PLAIN = textwrap.dedent('''
+    import hashlib, json, sys, time
+    from pathlib import Path
+    import torch
+    from torch.export import Dim
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    sys.path.insert(0, sys.argv[2])
+    from model import build
+    out = Path(sys.argv[1]); out.mkdir(parents=True)
+    model = build().eval()
+    x = torch.rand(2, 3, 32, 32) * 2 - 1
+    ep = torch.export.export(model, (x,), dynamic_shapes=({0: Dim("b", min=1, max=8)},))
+    prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
+    (out / "model.pte").write_bytes(prog.buffer)
+    module = _load_for_executorch(str(out / "model.pte"))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for batch in (1, 2, 8):
+            for _ in range(2):
+                inp = torch.rand(batch, 3, 32, 32, generator=g) * 2 - 1
+                got = module.run_method("forward", (inp,))[0]
+                torch.testing.assert_close(got, model(inp), atol=1e-4, rtol=1e-4)
+    digest = hashlib.sha256((out / "model.pte").read_bytes()).hexdigest()
+    store = out / "store"; store.mkdir()
+    (store / "model.pte").write_bytes((out / "model.pte").read_bytes())
+    (store / "manifest.json").write_text(json.dumps({"model.pte": digest}))
+''')
+
+
+def timed(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, env=env, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=1, help="Builds per side (the median is compared).")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-orchestration-"))
+    env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_HOME": str(work / "prefect-home"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    script = work / "plain.py"
+    script.write_text(PLAIN)
+
+    # The flow runs against a Prefect server started once; its start-up is reported separately.
+    port = 4200 + os.getpid() % 1000
+    started = time.perf_counter()
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
+                               str(port), "--no-ui", "--analytics-off"], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+    try:
+        import httpx
+
+        while True:
+            try:
+                if httpx.get(f"{env['PREFECT_API_URL']}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        prefect_start = time.perf_counter() - started
+        plain, flow = [], []
+        for i in range(args.repeat):
+            plain.append(timed([sys.executable, str(script), str(work / f"plain-{i}"), str(SPEC.parent)], env))
+            flow.append(timed([sys.executable, "-m", "prefect_executorch.cli", "build", str(SPEC), "--store",
+                               str(work / f"store-{i}")], env))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    plain.sort(), flow.sort()
+    p, f = plain[len(plain) // 2], flow[len(flow) // 2]
+    report("orchestration_overhead", f / p, "<=1.15", {
+        "plain_script_s": round(p, 2), "build_bundle_flow_s": round(f, 2),
+        "prefect_server_start_s (one-time, excluded)": round(prefect_start, 2), "repeat": args.repeat,
+    })
+
+
+if __name__ == "__main__":
+    main()

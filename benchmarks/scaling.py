@@ -1,0 +1,96 @@
+"""Scaling: build time, bundle size and publish time for models of growing weight size (XNNPACK).
+
+Prints one row per size and writes results/scaling.json and results/scaling.png. The RESULT line's
+ratio is the growth of build time per MB between the smallest and the largest model relative to
+linear growth in size (<= 1 means cost grows no faster than the weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import RESULTS, report  # noqa: E402
+
+from prefect_executorch.artifacts.registry import prepare_bundle, publish  # noqa: E402
+from prefect_executorch.artifacts.store import LocalStore  # noqa: E402
+from prefect_executorch.exporter import export_program  # noqa: E402
+from prefect_executorch.spec import parse_spec  # noqa: E402
+from prefect_executorch.toolchain import probe  # noqa: E402
+from prefect_executorch.validator import validate_program  # noqa: E402
+
+MODELS = Path(__file__).parent / "scaling_models.py"
+
+
+def build_one(megabytes: float, work: Path) -> dict[str, float]:
+    """Export, validate and publish one model of about ``megabytes`` of weights."""
+    import scaling_models
+
+    os.environ["SCALING_MB"] = str(megabytes)
+    width = int(math.sqrt(megabytes * 2**20 / 4 / scaling_models.LAYERS))
+    spec = parse_spec({
+        "name": "scaling", "version": f"{megabytes:g}mb", "model": f"{MODELS}:build", "target": "xnnpack",
+        "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, width]}]}},
+        "validation": {"samples": 1, "atol": 1e-3, "rtol": 1e-3},
+    })
+    started = time.perf_counter()
+    export = export_program(spec, work / "out")
+    exported = time.perf_counter()
+    report_ = validate_program(spec, export.path, export.data_files, scratch_dir=work / "out")
+    validated = time.perf_counter()
+    manifest = prepare_bundle(spec, probe(), export, report_)
+    publish(LocalStore(work / "store"), export.path, manifest)
+    published = time.perf_counter()
+    size = sum(entry.size for entry in manifest.files)
+    return {"weights_mb": megabytes, "bundle_mb": round(size / 2**20, 2), "export_s": round(exported - started, 2),
+            "validate_s": round(validated - exported, 2), "publish_s": round(published - validated, 3),
+            "build_s": round(published - started, 2), "passed": float(report_.passed)}
+
+
+def plot(rows: list[dict[str, float]]) -> Path:
+    """Build and publish time against bundle size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    sizes = [r["bundle_mb"] for r in rows]
+    for key in ("export_s", "validate_s", "build_s"):
+        left.plot(sizes, [r[key] for r in rows], marker="o", label=key)
+    left.set(xscale="log", xlabel="bundle size (MB)", ylabel="seconds", title="build cost")
+    left.legend()
+    right.plot(sizes, [r["publish_s"] for r in rows], marker="o")
+    right.set(xscale="log", xlabel="bundle size (MB)", ylabel="seconds", title="publish (local store)")
+    fig.tight_layout()
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / "scaling.png"
+    fig.savefig(path, dpi=100)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 50, 500])
+    args = parser.parse_args()
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    work = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
+    rows = []
+    for megabytes in args.sizes_mb:
+        rows.append(build_one(megabytes, work))
+        print(rows[-1])
+    figures: dict[str, object] = {f"{r['weights_mb']:g}MB": r for r in rows}
+    figures["plot"] = str(plot(rows))
+    small, large = rows[0], rows[-1]
+    growth = (large["build_s"] / small["build_s"]) / max(large["bundle_mb"] / small["bundle_mb"], 1.0)
+    report("scaling", growth, "<=1", figures)
+
+
+if __name__ == "__main__":
+    main()
