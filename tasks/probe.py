@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from prefect_executorch.isolation import warm_up
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain, probe
@@ -12,6 +13,7 @@ from prefect_executorch.toolchain import Toolchain, probe
 @task(name="probe-toolchain")
 def probe_toolchain() -> Toolchain:
     """What this worker is: versions, CUDA channel, GPUs, OS and arch."""
+    warm_up()  # the export/validation children's imports start now, beside the probe's
     return probe()
 
 

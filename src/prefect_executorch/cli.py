@@ -67,6 +67,9 @@ def build(
 
     spec = load_spec(spec_path)
     spec.check_model_reference()
+    from prefect_executorch.isolation import warm_up
+
+    warm_up()  # overlap the children's torch/ExecuTorch imports with Prefect's start-up
     from prefect_executorch.flows.build import build_bundle
 
     ref = build_bundle(spec, store=store, output=str(output) if output else None)

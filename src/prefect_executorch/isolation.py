@@ -1,20 +1,24 @@
 """Run crash-prone work (export, loading a program) in a child process with a timeout.
 
-The parent writes a pydantic request to a JSON file and starts
-``python -m prefect_executorch.isolation COMMAND REQUEST RESPONSE``; the child writes the result
-(or a typed error) to the response file. A crash, a signal or a timeout becomes
-``ChildProcessFailed`` carrying the child's stderr tail, and the parent process lives on.
+Children are forked from a forkserver that has already imported torch and ExecuTorch, so a child
+starts in milliseconds instead of paying those imports again; ``warm_up()`` starts that server
+early, in the background. Each child gets its own session, log file and optional address-space
+limit; the parent passes a pydantic request through a JSON file and reads the result (or a typed
+error) back. A crash, a signal or a timeout becomes ``ChildProcessFailed`` carrying the child's
+stderr tail, and the parent process lives on. ``PREFECT_EXECUTORCH_CHILD_START=spawn`` starts each
+child as a fresh interpreter instead.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import resource
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +35,34 @@ COMMANDS: dict[str, str] = {
     "export": "prefect_executorch.exporter:export_in_child",
     "validate": "prefect_executorch.validator:validate_in_child",
 }
+#: What the forkserver imports once, so that children do not (missing ones are skipped).
+PRELOAD = [
+    "torch",
+    "executorch.exir",
+    "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+    "executorch.extension.pybindings.portable_lib",
+    "prefect_executorch.exporter",
+    "prefect_executorch.validator",
+]
+START_METHOD_ENV = "PREFECT_EXECUTORCH_CHILD_START"
+
+
+def _context() -> Any:
+    method = os.environ.get(START_METHOD_ENV, "forkserver")
+    if method not in ("forkserver", "spawn"):
+        raise errors.SpecError(f"{START_METHOD_ENV}={method!r}: use 'forkserver' (default) or 'spawn'")
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        context.set_forkserver_preload(PRELOAD)
+    return context
+
+
+def warm_up() -> None:
+    """Start the forkserver now so its imports overlap with the caller's own start-up."""
+    if os.environ.get(START_METHOD_ENV, "forkserver") == "forkserver":
+        _context()
+        multiprocessing.forkserver.ensure_running()
+
 
 ResultT = TypeVar("ResultT", bound=BaseModel)
 STDERR_TAIL_CHARS = 4000
@@ -64,35 +96,34 @@ def run_isolated(
     memory_limit_mib: int | None = None,
     what: str | None = None,
 ) -> ResultT:
-    """Run ``command`` on ``request`` in a fresh Python process and return its typed result."""
+    """Run ``command`` on ``request`` in a child process and return its typed result."""
     what = what or command
     scratch_dir.mkdir(parents=True, exist_ok=True)
     ipc = Path(tempfile.mkdtemp(prefix=f".{command}-", dir=scratch_dir))
     try:
         request_path, response_path, log_path = ipc / "request.json", ipc / "response.json", ipc / "stderr.log"
         request_path.write_text(request.model_dump_json())
-        argv = [sys.executable, "-m", "prefect_executorch.isolation", command, str(request_path), str(response_path)]
-        if memory_limit_mib:
-            argv.append(str(memory_limit_mib))
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
-            try:
-                returncode = proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        proc = _context().Process(
+            target=_child_main,
+            args=(command, str(request_path), str(response_path), str(log_path), memory_limit_mib),
+            name=f"prefect-executorch-{command}",
+        )
+        proc.start()
+        try:
+            proc.join(timeout_s)
+            if proc.exitcode is None:
+                _kill_group(proc)
+                proc.join()
                 raise errors.ChildProcessFailed(
                     f"{what} timed out after {timeout_s:g} s and was killed; raise the timeout in the spec "
                     f"if the model needs longer.\n--- child stderr (tail) ---\n{_tail(log_path)}",
                     returncode=None,
                     stderr_tail=_tail(log_path),
-                ) from None
-            finally:
-                # Grandchildren the child left behind must not outlive it.
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                )
+        finally:
+            # Grandchildren the child left behind must not outlive it.
+            _kill_group(proc)
+        returncode = proc.exitcode
         stderr_tail = _tail(log_path)
         if returncode != 0 or not response_path.exists():
             hint = ""
@@ -118,13 +149,22 @@ def run_isolated(
     return result_type.model_validate(response["result"])
 
 
-def _limit_note(argv: list[str]) -> str:
-    return f" (memory limit {argv[3]} MiB)" if len(argv) > 3 else ""
+def _kill_group(proc: Any) -> None:
+    """Kill the child's session (it and anything it started); the child itself if it has none yet."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        if proc.exitcode is None:
+            proc.kill()
+
+
+def _limit_note(limit_mib: int | None) -> str:
+    return f" (memory limit {limit_mib} MiB)" if limit_mib else ""
 
 
 def _describe_chain(exc: BaseException) -> str:
     """``Type: message`` of an exception and of every cause under it (the root cause is what helps)."""
-    parts = []
+    parts: list[str] = []
     seen: BaseException | None = exc
     while seen is not None and len(parts) < 5:
         parts.append(f"{type(seen).__name__}: {seen}")
@@ -137,10 +177,16 @@ def _resolve(command: str) -> Callable[[dict[str, Any]], BaseModel]:
     return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
 
 
-def _child_main(argv: list[str]) -> int:
-    command, request_path, response_path = argv[:3]
-    if len(argv) > 3:
-        limit = int(argv[3]) * 2**20
+def _child_main(
+    command: str, request_path: str, response_path: str, log_path: str, memory_limit_mib: int | None
+) -> None:
+    """Child side: own session, output to the log file, run the command, write the response."""
+    os.setsid()
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    if memory_limit_mib:
+        limit = memory_limit_mib * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     started = time.monotonic()
     request = json.loads(Path(request_path).read_text())
@@ -150,19 +196,14 @@ def _child_main(argv: list[str]) -> int:
     except errors.PrefectExecutorchError as exc:
         response = {"error": type(exc).__name__, "message": str(exc)}
     except MemoryError:
-        response = {"error": "ChildProcessFailed", "message": f"{command} ran out of memory{_limit_note(argv)}"}
+        response = {"error": "ChildProcessFailed", "message": f"{command} ran out of memory{_limit_note(memory_limit_mib)}"}
     except Exception as exc:  # noqa: BLE001 - everything else is reported with its traceback
         traceback.print_exc()
         message = _describe_chain(exc)
         if "can't allocate memory" in message:  # torch's allocator under RLIMIT_AS
-            message = f"{command} ran out of memory{_limit_note(argv)}: {message}"
+            message = f"{command} ran out of memory{_limit_note(memory_limit_mib)}: {message}"
         response = {"error": type(exc).__name__, "message": message}
     tmp = Path(response_path + ".tmp")
     tmp.write_text(json.dumps(response))
     tmp.rename(response_path)
-    print(f"{command} child finished in {time.monotonic() - started:.1f} s", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child_main(sys.argv[1:]))
+    print(f"{command} child finished in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
