@@ -177,7 +177,7 @@ class S3Store(ObjectStore):
         config = Config(
             signature_version="s3v4",
             s3=s3_options,
-            retries={"mode": self.settings.retry_mode, "max_attempts": self.settings.max_attempts},
+            retries={"mode": self.settings.retry_mode, "total_max_attempts": self.settings.max_attempts},
             connect_timeout=self.settings.connect_timeout_s,
             read_timeout=self.settings.read_timeout_s,
             max_pool_connections=self.settings.max_concurrency + 4,
@@ -235,7 +235,7 @@ class S3Store(ObjectStore):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _where(self, key: str | None) -> str:
-        return f"s3://{self.bucket}/{self._full(key)}" if key else self.url
+        return f"{self.url}/{key}" if key else self.url
 
     def _credential_source(self) -> str:
         try:

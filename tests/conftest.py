@@ -35,3 +35,37 @@ def make_spec() -> Callable[..., BuildSpec]:
         return parse_spec(spec_data(factory, **overrides))
 
     return make
+
+
+# --- S3 (SeaweedFS) -------------------------------------------------------------------------------
+
+_AWS_VARS_TO_CLEAR = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                      "AWS_DEFAULT_REGION", "PREFECT_EXECUTORCH_STORE")
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[Any]:
+    """One SeaweedFS S3 server (auth enforced) for the session; fails, never skips, without `weed`."""
+    from prefect_executorch.testing.seaweedfs import SeaweedS3, weed_binary
+
+    try:
+        weed_binary()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with SeaweedS3() as server:
+        yield server
+
+
+def set_aws_env(patch: pytest.MonkeyPatch, server: Any) -> None:
+    """Point boto3's standard chain at ``server`` and nowhere else (no profiles, no instance metadata)."""
+    for name in _AWS_VARS_TO_CLEAR:
+        patch.delenv(name, raising=False)
+    for name, value in server.env().items():
+        patch.setenv(name, value)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket on the session's server, with boto3's environment pointing at it."""
+    set_aws_env(monkeypatch, s3_server)
+    return str(s3_server.make_bucket())
