@@ -95,8 +95,8 @@ class S3Settings(BaseSettings):
     region: str | None = Field(None, description="Region; unset means boto3's chain, else us-east-1.")
     addressing_style: Literal["auto", "path", "virtual"] | None = Field(
         None, description="Bucket in the path or in the host name; unset means boto3's config (auto).")
-    multipart_threshold: int = Field(64 * MiB, ge=MIN_PART, description="Files at least this large go up in parts.")
-    part_size: int = Field(16 * MiB, ge=MIN_PART, description="Bytes per part (raised when a file needs over 10,000).")
+    multipart_threshold: int = Field(16 * MiB, ge=MIN_PART, description="Files at least this large go up in parts.")
+    part_size: int = Field(8 * MiB, ge=MIN_PART, description="Bytes per part (raised when a file needs over 10,000).")
     max_concurrency: int = Field(8, ge=1, le=64, description="Parts uploading at once (memory: about this many parts).")
     max_attempts: int = Field(5, ge=1, description="Attempts per request, botocore's own retries included.")
     retry_mode: Literal["standard", "adaptive"] = Field("standard", description="botocore retry mode.")

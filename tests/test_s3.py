@@ -6,6 +6,8 @@ import base64
 import hashlib
 import os
 import shutil
+import socket
+import struct
 import threading
 import time
 import uuid
@@ -415,6 +417,71 @@ def test_server_refuses_a_wrong_checksum(env: SeaweedS3, tmp_path: Path) -> None
     store.client.abort_multipart_upload(Bucket=store.bucket, Key=key, UploadId=upload["UploadId"])
 
 
+class ResettingProxy:
+    """A TCP proxy to the S3 server that resets the first ``resets`` connections once they have
+    carried ``after`` bytes towards the server: a connection reset in the middle of a part."""
+
+    def __init__(self, port: int, resets: int, after: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.upstream, self.left, self.after, self.done = port, resets, after, 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _reset_now(self) -> bool:
+        with self.lock:
+            if self.left == 0:
+                return False
+            self.left, self.done = self.left - 1, self.done + 1
+            return True
+
+    def _pump(self, src: socket.socket, dst: socket.socket, towards_server: bool) -> None:
+        carried = 0
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+                carried += len(data)
+                if towards_server and carried > self.after and self._reset_now():
+                    src.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, not FIN
+                    return
+        except OSError:
+            pass
+        finally:
+            src.close()
+            dst.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_connection_resets_during_parts_are_retried(env: SeaweedS3, tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    proxy = ResettingProxy(int(env.endpoint_url.rsplit(":", 1)[1]), resets=4, after=MiB)
+    try:
+        # 3 parts, 2 attempts each inside botocore: 4 resets force at least one retry of our own.
+        store = S3Store(env.make_bucket(), "reg", settings=S3Settings(
+            endpoint_url=f"http://127.0.0.1:{proxy.port}", multipart_threshold=5 * MiB, part_size=5 * MiB,
+            max_concurrency=2, max_attempts=2, retry_backoff_s=0.05))
+        big = tmp_path / "big"
+        big.write_bytes(os.urandom(12 * MiB))
+        result = store.put_file("m/1/t/c/model.ptd", big, sha256=sha256_file(big))
+        assert proxy.done == 4 and "failed (ConnectionClosedError); retry 1/1" in caplog.text
+        assert store.download_file("m/1/t/c/model.ptd", tmp_path / "back") == result.sha256 == sha256_file(big)
+        assert store.incomplete_uploads("") == []
+    finally:
+        proxy.close()
+
+
 def test_create_only_and_compare_and_swap(env: SeaweedS3, tmp_path: Path) -> None:
     store = fresh_store(env)
     first = store.put_bytes("m/aliases/a.json", b"one")
@@ -466,3 +533,26 @@ def test_cli_gc_dry_run_then_apply(built: Built, env: SeaweedS3, tmp_path: Path)
     applied = runner.invoke(app, ["gc", "--grace-hours", "0", "--apply", "--store", store.url])
     assert applied.exit_code == 0 and "removed convnet/52/" in applied.output
     assert store.list("") == []
+
+
+# --- prefect-aws blocks (the `aws` extra) ---------------------------------------------------------------
+
+
+def test_prefect_aws_block_is_a_store(built: Built, s3_server: SeaweedS3, tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    prefect_aws = pytest.importorskip("prefect_aws", reason="prefect-aws is the optional `aws` extra")
+    set_aws_env(monkeypatch, s3_server)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        monkeypatch.delenv(name)  # the block alone says where and who
+    credentials = prefect_aws.AwsCredentials(
+        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
+        region_name=s3_server.region, aws_client_parameters={"endpoint_url": s3_server.endpoint_url})
+    block = prefect_aws.S3Bucket(bucket_name=s3_server.make_bucket(), bucket_folder="blocks", credentials=credentials)
+    store = open_store(block)
+    assert isinstance(store, S3Store) and store.url == f"s3://{block.bucket_name}/blocks"
+    bundle, manifest = synthetic(tmp_path, built, "60")
+    ref = publish(store, bundle, manifest)
+    record = promote_flow("convnet", "60", "prod", store=block)
+    assert record.manifest_sha256 == ref.manifest_sha256
+    resolved = resolve(store, "convnet", alias="prod", compat=manifest.compat)
+    assert pull(store, resolved.key, tmp_path / "pulled", manifest_sha256=resolved.manifest_sha256) == manifest

@@ -1,0 +1,155 @@
+"""Publish throughput and memory: ``S3Store.put_file`` against raw boto3 ``upload_file`` + a hashlib pass.
+
+Both sides end with the same facts: the object stored and the file's sha256 known. The baseline
+uploads with boto3's ``upload_file`` (same part size and concurrency, boto3's default checksums)
+and then hashes the file in a second pass; ``S3Store`` sends SHA-256 checksums on the wire,
+refuses to overwrite, and hashes while it uploads. Both run in the same process against the same
+SeaweedFS (started here unless ``--endpoint-url``), one after the other, baseline first.
+
+    python benchmarks/publish_1gib.py                  # 1 GiB
+    python benchmarks/publish_1gib.py --size-mib 64    # CI smoke run
+
+The last line is ``RESULT publish ratio=<ours/baseline throughput> goal=>=0.95 PASS|FAIL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import boto3
+from botocore.config import Config
+
+from prefect_executorch.artifacts.s3 import MiB, S3Settings, S3Store
+from prefect_executorch.hashing import sha256_file
+from prefect_executorch.testing.seaweedfs import SeaweedS3
+
+GOAL = 0.95
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@contextmanager
+def peak_rss_growth() -> Iterator[list[int]]:
+    """Sample RSS every 20 ms; yields a list whose one item becomes the peak growth in bytes."""
+    start, peak, stop = rss_bytes(), [rss_bytes()], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.02):
+            peak[0] = max(peak[0], rss_bytes())
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    result = [0]
+    try:
+        yield result
+    finally:
+        stop.set()
+        thread.join()
+        result[0] = max(peak[0], rss_bytes()) - start
+
+
+def timed(run: Callable[[], str]) -> tuple[float, int, str]:
+    """Seconds, peak RSS growth and the sha256 ``run`` returns."""
+    with peak_rss_growth() as growth:
+        started = time.perf_counter()
+        sha = run()
+        seconds = time.perf_counter() - started
+    return seconds, growth[0], sha
+
+
+def write_random(path: Path, size: int) -> None:
+    """``size`` bytes of random data, written in 16 MiB blocks."""
+    block = os.urandom(16 * MiB)
+    with open(path, "wb") as handle:
+        left = size
+        while left:
+            n = min(left, len(block))
+            handle.write(block[:n])
+            left -= n
+            block = block[1:] + block[:1] if left else block  # blocks differ, so nothing dedups
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--part-size-mib", type=int, default=None, help="Default: S3Settings' part size.")
+    parser.add_argument("--concurrency", type=int, default=None, help="Default: S3Settings' max_concurrency.")
+    parser.add_argument("--endpoint-url", default=None, help="An existing S3 endpoint (credentials from env).")
+    parser.add_argument("--bucket", default=None, help="With --endpoint-url: an existing bucket.")
+    parser.add_argument("--workdir", default=None, help="Where to write the test file (default: a temp dir).")
+    args = parser.parse_args()
+
+    settings = S3Settings()
+    updates = {}
+    if args.part_size_mib:
+        updates["part_size"] = args.part_size_mib * MiB
+    if args.concurrency:
+        updates["max_concurrency"] = args.concurrency
+    settings = settings.model_copy(update=updates)
+    size = args.size_mib * MiB
+
+    server = None if args.endpoint_url else SeaweedS3().start()
+    try:
+        endpoint = args.endpoint_url or server.endpoint_url  # type: ignore[union-attr]
+        session = boto3.session.Session(
+            aws_access_key_id=server.access_key if server else None,
+            aws_secret_access_key=server.secret_key if server else None,
+            region_name=server.region if server else None,
+        )
+        bucket = args.bucket or (server.make_bucket() if server else None)
+        if bucket is None:
+            parser.error("--bucket is required with --endpoint-url")
+        raw = session.client("s3", endpoint_url=endpoint,
+                             config=Config(signature_version="s3v4", s3={"addressing_style": "path"},
+                                           max_pool_connections=settings.max_concurrency + 4))
+        store = S3Store(bucket, "bench", session=session,
+                        settings=settings.model_copy(update={"endpoint_url": endpoint, "addressing_style": "path"}))
+
+        with tempfile.TemporaryDirectory(dir=args.workdir, prefix="publish-bench-") as tmp:
+            path = Path(tmp) / "blob.bin"
+            write_random(path, size)
+            sha256_file(path)  # warm the page cache for both sides alike
+
+            def baseline() -> str:
+                raw.upload_file(str(path), bucket, "baseline/blob.bin", Config=settings.transfer_config())
+                return sha256_file(path)
+
+            def ours() -> str:
+                return store.put_file("ours/blob.bin", path).sha256
+
+            base_s, base_rss, base_sha = timed(baseline)
+            ours_s, ours_rss, ours_sha = timed(ours)
+        if base_sha != ours_sha:
+            raise SystemExit(f"sha256 differs: baseline {base_sha}, ours {ours_sha}")
+        stored = store.head("ours/blob.bin")
+        assert stored is not None and stored.size == size
+
+        mib = size / MiB
+        bound = (settings.max_concurrency + 1) * settings.part_size
+        print(f"size {mib:.0f} MiB, part {settings.part_size // MiB} MiB, concurrency {settings.max_concurrency}, "
+              f"endpoint {endpoint}")
+        print(f"baseline upload_file + hashlib: {base_s:6.2f} s  {mib / base_s:7.1f} MiB/s  "
+              f"peak RSS +{base_rss / MiB:.0f} MiB")
+        print(f"S3Store.put_file (sha256 on the wire, create-only): {ours_s:6.2f} s  {mib / ours_s:7.1f} MiB/s  "
+              f"peak RSS +{ours_rss / MiB:.0f} MiB (bound {(bound) / MiB:.0f} MiB)")
+        ratio = base_s / ours_s
+        print(f"RESULT publish ratio={ratio:.3f} goal=>={GOAL} {'PASS' if ratio >= GOAL else 'FAIL'}")
+        return 0
+    finally:
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
