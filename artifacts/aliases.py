@@ -50,9 +50,9 @@ class AliasRecord(AliasTarget):
     alias: str
     moved_at: datetime
     moved_by: str
-    forced: bool = Field(False, description="Promoted with --force although its validation had not passed.")
+    forced: bool = Field(default=False, description="Promoted with --force although its validation had not passed.")
     validation_passed: bool
-    previous: AliasTarget | None = Field(None, description="Where the alias pointed before this move.")
+    previous: AliasTarget | None = Field(default=None, description="Where the alias pointed before this move.")
 
     def bundle_key(self) -> BundleKey:
         """The key of the bundle this alias points at."""

@@ -33,7 +33,7 @@ class Resolved(BaseModel):
     """The bundle a pull will fetch, and how it was chosen."""
 
     key: BundleKey
-    manifest_sha256: str | None = Field(None, description="Pinned by the alias, if resolved through one.")
+    manifest_sha256: str | None = Field(default=None, description="Pinned by the alias, if resolved through one.")
     alias: AliasRecord | None = None
     reason: str
 
@@ -57,8 +57,9 @@ def _describe(keys: list[BundleKey]) -> str:
 
 
 def _machine(toolchain: Toolchain) -> str:
-    gpu = f"{toolchain.sm}, {toolchain.cuda_channel}, TensorRT {toolchain.tensorrt or 'none'}" if toolchain.sm else "no GPU"
-    return f"{toolchain.arch}, {gpu}"
+    if not toolchain.sm:
+        return f"{toolchain.arch}, no GPU"
+    return f"{toolchain.arch}, {toolchain.sm}, {toolchain.cuda_channel}, TensorRT {toolchain.tensorrt or 'none'}"
 
 
 def resolve(
@@ -89,7 +90,8 @@ def resolve(
     published = list_bundles(store, name, check_name(version, "version"))
     if not published:
         versions = sorted({k.version for k in list_bundles(store, name)})
-        raise BundleNotFound(f"{name} has no version {version} in {store.url}; versions there: {', '.join(versions) or 'none'}")
+        raise BundleNotFound(
+            f"{name} has no version {version} in {store.url}; versions there: {', '.join(versions) or 'none'}")
     candidates = [k for k in published if target is None or k.target == target]
     if compat != AUTO:
         chosen = [k for k in candidates if k.compat == compat]

@@ -16,11 +16,14 @@ formats a secret into a message or a log line.
 
 from __future__ import annotations
 
+import builtins
+
 import base64
 import hashlib
 import logging
 import math
 import random
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -91,19 +94,24 @@ class S3Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PREFECT_EXECUTORCH_S3_", extra="forbid")
 
     endpoint_url: str | None = Field(
-        None, description="S3 API endpoint; unset means boto3's chain (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config).")
-    region: str | None = Field(None, description="Region; unset means boto3's chain, else us-east-1.")
+        default=None, description="S3 API endpoint; unset: boto3's chain (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL).")
+    region: str | None = Field(default=None, description="Region; unset: boto3's chain, else us-east-1.")
     addressing_style: Literal["auto", "path", "virtual"] | None = Field(
-        None, description="Bucket in the path or in the host name; unset means boto3's config (auto).")
-    multipart_threshold: int = Field(16 * MiB, ge=MIN_PART, description="Files at least this large go up in parts.")
-    part_size: int = Field(8 * MiB, ge=MIN_PART, description="Bytes per part (raised when a file needs over 10,000).")
-    max_concurrency: int = Field(8, ge=1, le=64, description="Parts uploading at once (memory: about this many parts).")
-    max_attempts: int = Field(5, ge=1, description="Attempts per request, botocore's own retries included.")
-    retry_mode: Literal["standard", "adaptive"] = Field("standard", description="botocore retry mode.")
-    retry_backoff_s: float = Field(0.5, ge=0, description="First wait of our retry around parts and downloads.")
-    connect_timeout_s: float = Field(10.0, gt=0)
-    read_timeout_s: float = Field(120.0, gt=0)
-    progress: bool = Field(False, description="Show a rich progress bar on stderr for multipart uploads.")
+        default=None, description="Bucket in the path or in the host name; unset: boto3's config (auto).")
+    multipart_threshold: int = Field(
+        default=16 * MiB, ge=MIN_PART, description="Files at least this large go up in parts.")
+    part_size: int = Field(
+        default=8 * MiB, ge=MIN_PART, description="Bytes per part (raised when a file needs over 10,000).")
+    max_concurrency: int = Field(
+        default=8, ge=1, le=64, description="Parts uploading at once; memory holds about one more than this.")
+    max_attempts: int = Field(
+        default=5, ge=1, description="Attempts per request (botocore's), and rounds of our retry around parts.")
+    retry_mode: Literal["standard", "adaptive"] = Field(default="standard", description="botocore retry mode.")
+    retry_backoff_s: float = Field(default=0.5, ge=0, description="First wait of our retry around parts and downloads.")
+    connect_timeout_s: float = Field(default=10.0, gt=0, description="Seconds to open a connection.")
+    read_timeout_s: float = Field(default=120.0, gt=0, description="Seconds to wait for a response.")
+    progress: bool | None = Field(
+        default=None, description="Rich progress bar on stderr for multipart uploads; unset: if stderr is a terminal.")
 
     def transfer_config(self) -> Any:
         """The same tuning as a boto3 ``TransferConfig`` (for comparing against ``upload_file``)."""
@@ -252,8 +260,9 @@ class S3Store(ObjectStore):
                 f"{what} {where}: no usable AWS credentials were found; set AWS_ACCESS_KEY_ID and "
                 "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or pass a prefect-aws block")
         if isinstance(exc, (BotoConnectionError, HTTPClientError)):
+            failure = "cannot reach" if isinstance(exc, _UNREACHABLE) else "lost the connection to"
             return StoreError(
-                f"{what} {where}: cannot reach the S3 endpoint {self.endpoint} ({type(exc).__name__}; retried with "
+                f"{what} {where}: {failure} the S3 endpoint {self.endpoint} ({type(exc).__name__}; retried with "
                 f"backoff, max_attempts={self.settings.max_attempts}); check the endpoint URL "
                 "(--endpoint-url / AWS_ENDPOINT_URL_S3) and the network")
         if not isinstance(exc, ClientError):
@@ -262,7 +271,7 @@ class S3Store(ObjectStore):
         if code == "NoSuchBucket":
             return StoreError(
                 f"{what} {where}: bucket {self.bucket!r} does not exist at {self.endpoint}; create it "
-                "(aws s3 mb s3://{0}) or fix the store URL".replace("{0}", self.bucket))
+                f"(aws s3 mb s3://{self.bucket}) or fix the store URL")
         if code in _AUTH_CODES:
             return StoreError(
                 f"{what} {where}: the S3 endpoint {self.endpoint} rejected the credentials ({code}; "
@@ -387,11 +396,11 @@ class S3Store(ObjectStore):
     def delete(self, key: str) -> None:
         self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=self._full(key)))
 
-    def incomplete_uploads(self, prefix: str) -> list[IncompleteUpload]:
+    def incomplete_uploads(self, prefix: str) -> builtins.list[IncompleteUpload]:
         full = f"{self.prefix}/{prefix}" if self.prefix else prefix
         cut = len(self.prefix) + 1 if self.prefix else 0
 
-        def run() -> list[IncompleteUpload]:
+        def run() -> builtins.list[IncompleteUpload]:
             found = []
             for page in self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=full):
                 for item in page.get("Uploads", []):
@@ -483,7 +492,7 @@ class S3Store(ObjectStore):
         return PutResult(key=key, size=size, sha256=sha, etag=_etag(response))
 
     def _send_parts(self, key: str, path: Path, upload_id: str, part_size: int,
-                    advance: Callable[[int], None]) -> tuple[list[dict[str, Any]], str]:
+                    advance: Callable[[int], None]) -> tuple[builtins.list[dict[str, Any]], str]:
         """Read ``path`` once, in order; hash it whole while parts upload in parallel."""
         whole = hashlib.sha256()
         slots = threading.BoundedSemaphore(self.settings.max_concurrency)
@@ -534,7 +543,8 @@ class S3Store(ObjectStore):
         lock = threading.Lock()
         sent = [0]
         callback = self._progress
-        if callback is None and not self.settings.progress:
+        show = sys.stderr.isatty() if self.settings.progress is None else self.settings.progress
+        if callback is None and not show:
             yield lambda n: None
             return
         bar: Any = None

@@ -6,6 +6,8 @@ compare-and-swap for aliases. Keys are ``/``-separated safe segments under the s
 
 from __future__ import annotations
 
+import builtins
+
 import fcntl
 import hashlib
 import os
@@ -34,7 +36,7 @@ class ObjectInfo(BaseModel):
     size: int
     etag: str
     last_modified: datetime
-    sha256: str | None = Field(None, description="Whole-object sha256 when the store recorded it at write time.")
+    sha256: str | None = Field(default=None, description="Whole-object sha256, if the store recorded it on write.")
 
 
 class IncompleteUpload(BaseModel):
@@ -99,7 +101,7 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error if absent)."""
 
-    def incomplete_uploads(self, prefix: str) -> list[IncompleteUpload]:
+    def incomplete_uploads(self, prefix: str) -> builtins.list[IncompleteUpload]:
         """Uploads under ``prefix`` that were started and never finished."""
         return []
 
@@ -233,7 +235,7 @@ class LocalStore(ObjectStore):
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
-    def incomplete_uploads(self, prefix: str) -> list[IncompleteUpload]:
+    def incomplete_uploads(self, prefix: str) -> builtins.list[IncompleteUpload]:
         base = self.root / prefix.rstrip("/") if prefix else self.root
         if not base.exists():
             return []

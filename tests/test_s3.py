@@ -26,7 +26,14 @@ from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, pro
 from prefect_executorch.artifacts.catalog import Listing, ls, resolve
 from prefect_executorch.artifacts.gc import gc
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey, Manifest
-from prefect_executorch.artifacts.registry import BundleRef, file_entries, publish, pull, read_manifest, verify_bundle_dir
+from prefect_executorch.artifacts.registry import (
+    BundleRef,
+    file_entries,
+    publish,
+    pull,
+    read_manifest,
+    verify_bundle_dir,
+)
 from prefect_executorch.artifacts.s3 import S3Settings, S3Store
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore, open_store
 from prefect_executorch.cli import app
@@ -121,7 +128,8 @@ def test_build_publish_promote_pull_run(built: Built, env: SeaweedS3, tmp_path: 
     assert isinstance(store, S3Store)
     assert built.ref.key.prefix == "convnet/1/xnnpack/cpu-xnnpack-x86_64"
     names = sorted(info.key for info in store.list("convnet/1/"))
-    assert names == [f"convnet/1/xnnpack/cpu-xnnpack-x86_64/{f}" for f in ("manifest.json", "model.pte", "validation.json")]
+    files = ("manifest.json", "model.pte", "validation.json")
+    assert names == [f"convnet/1/xnnpack/cpu-xnnpack-x86_64/{f}" for f in files]
     head = store.client.head_object(Bucket=built.bucket, Key=f"registry/{built.ref.key.key('model.pte')}",
                                     ChecksumMode="ENABLED")
     assert head["Metadata"]["sha256"] == built.manifest.file("model.pte").sha256
@@ -191,8 +199,9 @@ def test_retried_publish_skips_what_it_uploaded(built: Built, env: SeaweedS3, tm
 # --- credentials, bucket, network ----------------------------------------------------------------
 
 
-def test_wrong_credentials_clear_error_no_secret(built: Built, env: SeaweedS3, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_wrong_credentials_clear_error_no_secret(
+    built: Built, env: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     secret = f"wrong-{uuid.uuid4().hex}"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     caplog.set_level("DEBUG")
@@ -368,7 +377,8 @@ def test_resolve_picks_what_fits(built: Built, env: SeaweedS3, tmp_path: Path) -
         resolve(store, "convnet", version="31")
     gpu = Toolchain(python="3.11", os="Linux", arch="x86_64", torch="2.14.0+cu132", cuda_channel="cu132",
                     tensorrt="11.1.0.5", gpus=[GpuInfo(index=0, name="H100", sm="sm90", total_memory_mib=80000)])
-    assert resolve(store, "convnet", version="30", target="tensorrt", toolchain=gpu).key.compat == "cu132-sm90-trt11.1-x86_64"
+    chosen = resolve(store, "convnet", version="30", target="tensorrt", toolchain=gpu)
+    assert chosen.key.compat == "cu132-sm90-trt11.1-x86_64"
     ampere = gpu.model_copy(update={"tensorrt": "11.3.0", "gpus": [gpu.gpus[0].model_copy(update={"sm": "sm86"})]})
     assert resolve(store, "convnet", version="30", target="tensorrt", toolchain=ampere).key.compat == \
         "cu132-sm80plus-trt-any-x86_64"

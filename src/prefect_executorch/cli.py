@@ -205,7 +205,8 @@ def promote(
 
     record = promote_alias(_open(store, endpoint_url), name, version, alias, target=target, compat=compat,
                            force=force, expect_version=expect_version)
-    was = f" (was {record.previous.version} {record.previous.target}/{record.previous.compat})" if record.previous else ""
+    before = record.previous
+    was = f" (was {before.version} {before.target}/{before.compat})" if before else ""
     console.print(f"[bold green]promoted[/] {record.describe()}{was}")
 
 

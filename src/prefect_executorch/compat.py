@@ -100,7 +100,8 @@ def fit(key: str, toolchain: Toolchain) -> Fit:
         # A delegate (XNNPACK) beats portable kernels for the same model and arch.
         return Fit(ok=True, rank=1 if compat.backend == "portable" else 2)
     if toolchain.cuda_channel != compat.cuda_channel:
-        return Fit(ok=False, reason=f"needs CUDA channel {compat.cuda_channel}, this machine has {toolchain.cuda_channel or 'no CUDA'}")
+        found = toolchain.cuda_channel or "no CUDA"
+        return Fit(ok=False, reason=f"needs CUDA channel {compat.cuda_channel}, this machine has {found}")
     machine_sm = _sm_number(toolchain.sm)
     assert compat.sm is not None
     if machine_sm is None:
@@ -112,7 +113,8 @@ def fit(key: str, toolchain: Toolchain) -> Fit:
     rank = 10 if compat.sm_or_newer else 20
     if compat.tensorrt is not None:
         if toolchain.tensorrt is None or _major_minor(toolchain.tensorrt) != compat.tensorrt:
-            return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt}, this machine has {toolchain.tensorrt or 'none'}")
+            found = toolchain.tensorrt or "none"
+            return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt}, this machine has {found}")
         rank += 2
     elif compat.tensorrt_any:
         if toolchain.tensorrt is None:

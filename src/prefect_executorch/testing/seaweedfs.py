@@ -37,7 +37,8 @@ def weed_binary() -> str:
         return str(beside)
     found = shutil.which("weed")
     if found is None:
-        raise FileNotFoundError(f"SeaweedFS's `weed` binary was not found next to {sys.executable} or on PATH; {INSTALL_HINT}")
+        raise FileNotFoundError(
+            f"SeaweedFS's `weed` binary was not found next to {sys.executable} or on PATH; {INSTALL_HINT}")
     return found
 
 
@@ -195,5 +196,7 @@ class SeaweedS3:
     def __enter__(self) -> SeaweedS3:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
