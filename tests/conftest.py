@@ -16,7 +16,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
 
-from helpers import spec_data  # noqa: E402
+from helpers import set_aws_env, spec_data  # noqa: E402
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
@@ -39,13 +39,13 @@ def make_spec() -> Callable[..., BuildSpec]:
 
 # --- S3 (SeaweedFS) -------------------------------------------------------------------------------
 
-_AWS_VARS_TO_CLEAR = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
-                      "AWS_DEFAULT_REGION", "PREFECT_EXECUTORCH_STORE")
-
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[Any]:
-    """One SeaweedFS S3 server (auth enforced) for the session; fails, never skips, without `weed`."""
+    """One SeaweedFS S3 server (auth enforced) for the session; fails, never skips, without `weed`.
+
+    ``s3_server.make_bucket()`` gives each test a fresh bucket.
+    """
     from prefect_executorch.testing.seaweedfs import SeaweedS3, weed_binary
 
     try:
@@ -56,16 +56,8 @@ def s3_server() -> Iterator[Any]:
         yield server
 
 
-def set_aws_env(patch: pytest.MonkeyPatch, server: Any) -> None:
-    """Point boto3's standard chain at ``server`` and nowhere else (no profiles, no instance metadata)."""
-    for name in _AWS_VARS_TO_CLEAR:
-        patch.delenv(name, raising=False)
-    for name, value in server.env().items():
-        patch.setenv(name, value)
-
-
 @pytest.fixture
-def s3_bucket(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A fresh bucket on the session's server, with boto3's environment pointing at it."""
+def s3_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The session's S3 server, with boto3's standard chain pointing at it (and nowhere else)."""
     set_aws_env(monkeypatch, s3_server)
-    return str(s3_server.make_bucket())
+    return s3_server

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from botocore.exceptions import ClientError
-from conftest import set_aws_env, spec_data
+from helpers import set_aws_env, spec_data
 from test_build import check_bundle_runs
 from typer.testing import CliRunner
 
@@ -83,12 +83,6 @@ def built(s3_server: SeaweedS3, prefect_harness: None, tmp_path_factory: pytest.
         yield Built(spec=spec, bucket=bucket, url=url, ref=ref, manifest=manifest, pte=next(out.rglob("model.pte")))
 
 
-@pytest.fixture
-def env(s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> SeaweedS3:
-    set_aws_env(monkeypatch, s3_server)
-    return s3_server
-
-
 def fresh_store(server: SeaweedS3, **settings: Any) -> S3Store:
     """An S3Store on a new bucket of ``server`` (credentials from the environment)."""
     return S3Store.from_url(f"s3://{server.make_bucket()}/reg", settings=S3Settings(**settings))
@@ -123,7 +117,7 @@ def count_requests(store: S3Store) -> list[str]:
 # --- the whole path ----------------------------------------------------------------------------
 
 
-def test_build_publish_promote_pull_run(built: Built, env: SeaweedS3, tmp_path: Path) -> None:
+def test_build_publish_promote_pull_run(built: Built, s3_env: SeaweedS3, tmp_path: Path) -> None:
     store = open_store(built.url)
     assert isinstance(store, S3Store)
     assert built.ref.key.prefix == "convnet/1/xnnpack/cpu-xnnpack-x86_64"
@@ -149,7 +143,7 @@ def test_build_publish_promote_pull_run(built: Built, env: SeaweedS3, tmp_path: 
     assert listing.bundles == [built.ref.key] and listing.aliases["prod"] == record and listing.incomplete == []
 
 
-def test_second_publish_conflicts_first_manifest_intact(built: Built, env: SeaweedS3, tmp_path: Path) -> None:
+def test_second_publish_conflicts_first_manifest_intact(built: Built, s3_env: SeaweedS3, tmp_path: Path) -> None:
     store = open_store(built.url)
     before, raw_before = read_manifest(store, built.ref.key)
     bundle, manifest = synthetic(tmp_path, built, "1")
@@ -182,8 +176,8 @@ def test_second_publish_conflicts_first_manifest_intact(built: Built, env: Seawe
     assert pulled == stored
 
 
-def test_retried_publish_skips_what_it_uploaded(built: Built, env: SeaweedS3, tmp_path: Path) -> None:
-    store = fresh_store(env)
+def test_retried_publish_skips_what_it_uploaded(built: Built, s3_env: SeaweedS3, tmp_path: Path) -> None:
+    store = fresh_store(s3_env)
     bundle, manifest = synthetic(tmp_path, built, "7", ptd=b"w" * 10000)
     store.put_file(manifest.key.key("model.pte"), bundle / "model.pte")  # a publish died after its first file
     ref = publish(store, bundle, manifest)
@@ -200,7 +194,7 @@ def test_retried_publish_skips_what_it_uploaded(built: Built, env: SeaweedS3, tm
 
 
 def test_wrong_credentials_clear_error_no_secret(
-    built: Built, env: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    built: Built, s3_env: SeaweedS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     secret = f"wrong-{uuid.uuid4().hex}"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
@@ -217,7 +211,7 @@ def test_wrong_credentials_clear_error_no_secret(
     assert secret not in result.output and not (tmp_path / "d").exists()
 
 
-def test_missing_bucket_names_it(env: SeaweedS3, tmp_path: Path) -> None:
+def test_missing_bucket_names_it(s3_env: SeaweedS3, tmp_path: Path) -> None:
     store = S3Store.from_url("s3://no-such-bucket-here/reg")
     (tmp_path / "f").write_bytes(b"x")
     with pytest.raises(StoreError, match="bucket 'no-such-bucket-here' does not exist at http://127.0.0.1"):
@@ -226,7 +220,7 @@ def test_missing_bucket_names_it(env: SeaweedS3, tmp_path: Path) -> None:
     assert result.exit_code == 1 and "no-such-bucket-here" in result.output
 
 
-def test_unreachable_server_is_retried_then_clear(env: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_server_is_retried_then_clear(s3_env: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PREFECT_EXECUTORCH_S3_MAX_ATTEMPTS", "3")
     monkeypatch.setenv("PREFECT_EXECUTORCH_S3_CONNECT_TIMEOUT_S", "1")
     endpoint = f"http://127.0.0.1:{free_port()}"
@@ -241,12 +235,12 @@ def test_unreachable_server_is_retried_then_clear(env: SeaweedS3, monkeypatch: p
 # --- integrity -------------------------------------------------------------------------------------
 
 
-def test_tampered_object_refused_nothing_at_destination(built: Built, env: SeaweedS3, tmp_path: Path) -> None:
-    store = fresh_store(env)
+def test_tampered_object_refused_nothing_at_destination(built: Built, s3_env: SeaweedS3, tmp_path: Path) -> None:
+    store = fresh_store(s3_env)
     bundle, manifest = synthetic(tmp_path, built, "3")
     ref = publish(store, bundle, manifest)
     key = f"reg/{ref.key.key('model.pte')}"
-    client = env.client()
+    client = s3_env.client()
     data = bytearray(client.get_object(Bucket=store.bucket, Key=key)["Body"].read())
     data[len(data) // 2] ^= 0xFF
     client.put_object(Bucket=store.bucket, Key=key, Body=bytes(data))
@@ -256,11 +250,11 @@ def test_tampered_object_refused_nothing_at_destination(built: Built, env: Seawe
     assert not dest.exists() and list((tmp_path / "out").iterdir()) == []
 
 
-def test_swapped_ptd_refused(built: Built, env: SeaweedS3, tmp_path: Path) -> None:
-    store = fresh_store(env)
+def test_swapped_ptd_refused(built: Built, s3_env: SeaweedS3, tmp_path: Path) -> None:
+    store = fresh_store(s3_env)
     ref_a = publish(store, *synthetic(tmp_path, built, "4", ptd=b"a" * 5000))
     ref_b = publish(store, *synthetic(tmp_path, built, "5", ptd=b"b" * 5000))
-    env.client().copy_object(Bucket=store.bucket, Key=f"reg/{ref_a.key.key('model.ptd')}",
+    s3_env.client().copy_object(Bucket=store.bucket, Key=f"reg/{ref_a.key.key('model.ptd')}",
                              CopySource={"Bucket": store.bucket, "Key": f"reg/{ref_b.key.key('model.ptd')}"})
     with pytest.raises(IntegrityError, match="model.ptd: sha256"):
         pull(store, ref_a.key, tmp_path / "a")
@@ -269,7 +263,7 @@ def test_swapped_ptd_refused(built: Built, env: SeaweedS3, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("bad", ["a/b", "..", "", "Upper", "../etc"])
-def test_bad_names_refused_before_any_request(built: Built, env: SeaweedS3, tmp_path: Path, bad: str) -> None:
+def test_bad_names_refused_before_any_request(built: Built, s3_env: SeaweedS3, tmp_path: Path, bad: str) -> None:
     store = S3Store.from_url(built.url)
     sent = count_requests(store)
     bundle, manifest = synthetic(tmp_path, built, "6")
@@ -299,7 +293,7 @@ def test_bad_names_refused_before_any_request(built: Built, env: SeaweedS3, tmp_
 def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> ObjectStore:
     if request.param == "local":
         return LocalStore(tmp_path / "store")
-    return fresh_store(request.getfixturevalue("env"))
+    return fresh_store(request.getfixturevalue("s3_env"))
 
 
 def test_concurrent_promotions_one_winner_per_round(built: Built, any_store: ObjectStore, tmp_path: Path) -> None:
@@ -346,8 +340,8 @@ def test_promote_unvalidated_refused_unless_forced(built: Built, any_store: Obje
     assert [h.forced for h in alias_history(any_store, "convnet", "prod")] == [True]
 
 
-def test_cli_promote_force_and_ls(built: Built, env: SeaweedS3, tmp_path: Path) -> None:
-    store = fresh_store(env)
+def test_cli_promote_force_and_ls(built: Built, s3_env: SeaweedS3, tmp_path: Path) -> None:
+    store = fresh_store(s3_env)
     publish(store, *synthetic(tmp_path, built, "21", passed=False))
     args = ["promote", "convnet", "21", "--alias", "prod", "--store", store.url]
     refused = runner.invoke(app, args)
@@ -361,8 +355,8 @@ def test_cli_promote_force_and_ls(built: Built, env: SeaweedS3, tmp_path: Path) 
 # --- resolve ------------------------------------------------------------------------------------------
 
 
-def test_resolve_picks_what_fits(built: Built, env: SeaweedS3, tmp_path: Path) -> None:
-    store = fresh_store(env)
+def test_resolve_picks_what_fits(built: Built, s3_env: SeaweedS3, tmp_path: Path) -> None:
+    store = fresh_store(s3_env)
     arch = probe().arch
     other = "aarch64" if arch != "aarch64" else "x86_64"
     for compat, target in [(f"cpu-xnnpack-{arch}", "xnnpack"), (f"cpu-portable-{arch}", "portable"),
@@ -389,9 +383,9 @@ def test_resolve_picks_what_fits(built: Built, env: SeaweedS3, tmp_path: Path) -
 # --- transfers ----------------------------------------------------------------------------------------
 
 
-def test_multipart_upload_checksummed_and_verified(built: Built, env: SeaweedS3, tmp_path: Path) -> None:
+def test_multipart_upload_checksummed_and_verified(built: Built, s3_env: SeaweedS3, tmp_path: Path) -> None:
     progress: list[int] = []
-    store = S3Store(env.make_bucket(), "reg", settings=S3Settings(multipart_threshold=5 * MiB, part_size=5 * MiB),
+    store = S3Store(s3_env.make_bucket(), "reg", settings=S3Settings(multipart_threshold=5 * MiB, part_size=5 * MiB),
                     progress=lambda key, done, total: progress.append(done))
     bundle, manifest = synthetic(tmp_path, built, "40", ptd=os.urandom(12 * MiB))
     ref = publish(store, bundle, manifest)
@@ -403,8 +397,8 @@ def test_multipart_upload_checksummed_and_verified(built: Built, env: SeaweedS3,
     assert store.incomplete_uploads("") == []
 
 
-def test_server_refuses_a_wrong_checksum(env: SeaweedS3, tmp_path: Path) -> None:
-    store = fresh_store(env, multipart_threshold=5 * MiB, part_size=5 * MiB)
+def test_server_refuses_a_wrong_checksum(s3_env: SeaweedS3, tmp_path: Path) -> None:
+    store = fresh_store(s3_env, multipart_threshold=5 * MiB, part_size=5 * MiB)
     small, big = tmp_path / "small", tmp_path / "big"
     small.write_bytes(b"program bytes")
     big.write_bytes(os.urandom(11 * MiB))
@@ -474,12 +468,12 @@ class ResettingProxy:
         self.listener.close()
 
 
-def test_connection_resets_during_parts_are_retried(env: SeaweedS3, tmp_path: Path,
+def test_connection_resets_during_parts_are_retried(s3_env: SeaweedS3, tmp_path: Path,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    proxy = ResettingProxy(int(env.endpoint_url.rsplit(":", 1)[1]), resets=4, after=MiB)
+    proxy = ResettingProxy(int(s3_env.endpoint_url.rsplit(":", 1)[1]), resets=4, after=MiB)
     try:
         # 3 parts, 2 attempts each inside botocore: 4 resets force at least one retry of our own.
-        store = S3Store(env.make_bucket(), "reg", settings=S3Settings(
+        store = S3Store(s3_env.make_bucket(), "reg", settings=S3Settings(
             endpoint_url=f"http://127.0.0.1:{proxy.port}", multipart_threshold=5 * MiB, part_size=5 * MiB,
             max_concurrency=2, max_attempts=2, retry_backoff_s=0.05))
         big = tmp_path / "big"
@@ -492,8 +486,8 @@ def test_connection_resets_during_parts_are_retried(env: SeaweedS3, tmp_path: Pa
         proxy.close()
 
 
-def test_create_only_and_compare_and_swap(env: SeaweedS3, tmp_path: Path) -> None:
-    store = fresh_store(env)
+def test_create_only_and_compare_and_swap(s3_env: SeaweedS3, tmp_path: Path) -> None:
+    store = fresh_store(s3_env)
     first = store.put_bytes("m/aliases/a.json", b"one")
     with pytest.raises(ObjectExists) as exists:
         store.put_bytes("m/aliases/a.json", b"two")
@@ -533,8 +527,8 @@ def test_gc_removes_only_old_orphans(built: Built, any_store: ObjectStore, tmp_p
     assert gc(any_store, now=later).orphans == []
 
 
-def test_cli_gc_dry_run_then_apply(built: Built, env: SeaweedS3, tmp_path: Path) -> None:
-    store = fresh_store(env)
+def test_cli_gc_dry_run_then_apply(built: Built, s3_env: SeaweedS3, tmp_path: Path) -> None:
+    store = fresh_store(s3_env)
     bundle, manifest = synthetic(tmp_path, built, "52")
     store.put_file(manifest.key.key("model.pte"), bundle / "model.pte")
     dry = runner.invoke(app, ["gc", "--grace-hours", "0", "--store", store.url])
