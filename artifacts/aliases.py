@@ -9,15 +9,13 @@ and the other is told what the alias points at now. Every move is also written, 
 
 from __future__ import annotations
 
-import getpass
 import logging
-import socket
 import uuid
 from datetime import datetime, timezone
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.artifacts.manifest import ALIASES_DIR, BundleKey
+from prefect_executorch.artifacts.manifest import ALIASES_DIR, BundleKey, user_at_host
 from prefect_executorch.artifacts.registry import list_bundles, read_manifest
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import (
@@ -104,14 +102,6 @@ def list_aliases(store: ObjectStore, name: str) -> dict[str, AliasRecord]:
     return found
 
 
-def _mover() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
-
-
 def select_bundle(store: ObjectStore, name: str, version: str, target: str | None, compat: str | None) -> BundleKey:
     """The one published bundle of ``name`` ``version`` matching ``target``/``compat``."""
     candidates = [key for key in list_bundles(store, name, version)
@@ -158,7 +148,7 @@ def promote(
                              "nothing was changed")
     record = AliasRecord(
         name=name, alias=alias, version=key.version, target=key.target, compat=key.compat,
-        manifest_sha256=sha256_bytes(raw), moved_at=datetime.now(timezone.utc), moved_by=moved_by or _mover(),
+        manifest_sha256=sha256_bytes(raw), moved_at=datetime.now(timezone.utc), moved_by=moved_by or user_at_host(),
         forced=force and not manifest.validation.passed, validation_passed=manifest.validation.passed,
         previous=AliasTarget.model_validate(current[0].model_dump()) if current else None,
     )
