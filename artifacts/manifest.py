@@ -7,15 +7,18 @@ import socket
 from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from prefect_executorch import __version__
 from prefect_executorch.program import MethodFacts
+from prefect_executorch.errors import SpecError
 from prefect_executorch.report import ValidationSummary
 from prefect_executorch.spec import InputSpec, check_name
 from prefect_executorch.toolchain import Toolchain
 
 MANIFEST_FILE = "manifest.json"
+#: ``<name>/aliases/`` holds the aliases, so no version may have that name.
+ALIASES_DIR = "aliases"
 VALIDATION_FILE = "validation.json"
 SCHEMA_VERSION = 1
 
@@ -31,7 +34,18 @@ class BundleKey(BaseModel):
     @field_validator("name", "version", "target", "compat")
     @classmethod
     def _segment(cls, value: str, info: Any) -> str:
-        return check_name(value, info.field_name)
+        check_name(value, info.field_name)
+        if info.field_name == "version" and value == ALIASES_DIR:
+            raise SpecError(f"version: {value!r} is reserved for the aliases of a model; choose another version")
+        return value
+
+    @classmethod
+    def of(cls, name: str, version: str, target: str, compat: str) -> BundleKey:
+        """A key from user input; ``SpecError`` (not pydantic's error) names a bad segment."""
+        try:
+            return cls(name=name, version=version, target=target, compat=compat)
+        except ValidationError as exc:
+            raise SpecError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
     @property
     def prefix(self) -> str:
@@ -87,12 +101,12 @@ class Manifest(BaseModel):
     weights_sha256: str | None = None
     validation: ValidationSummary
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
-    builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {_builder()}")
+    builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")
 
     @property
     def key(self) -> BundleKey:
         """The bundle's key."""
-        return BundleKey(name=self.name, version=self.version, target=self.target, compat=self.compat)
+        return BundleKey.of(self.name, self.version, self.target, self.compat)
 
     def file(self, path: str) -> FileEntry:
         """The entry for ``path``."""
@@ -106,7 +120,8 @@ class Manifest(BaseModel):
         return {name: method.delegates for name, method in self.methods.items()}
 
 
-def _builder() -> str:
+def user_at_host() -> str:
+    """``user@host`` of this process, for the records of who built or moved what."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

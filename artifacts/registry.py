@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import uuid
@@ -11,6 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from prefect_executorch.artifacts.manifest import (
+    ALIASES_DIR,
     MANIFEST_FILE,
     VALIDATION_FILE,
     BundleKey,
@@ -22,15 +22,11 @@ from prefect_executorch.artifacts.manifest import (
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import BundleConflict, BundleNotFound, IntegrityError, ObjectExists
 from prefect_executorch.exporter import ExportedProgramDir
-from prefect_executorch.hashing import sha256_file
+from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec import BuildSpec, check_name
 from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class BundleRef(BaseModel):
@@ -49,6 +45,18 @@ def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports:
         FileEntry(path=name, size=(bundle_dir / name).stat().st_size, sha256=sha256_file(bundle_dir / name), role=role)
         for name, role in roles
     ]
+
+
+def list_bundles(store: ObjectStore, name: str, version: str | None = None) -> list[BundleKey]:
+    """Published bundles of ``name`` (of one ``version`` if given): those with a manifest."""
+    check_name(name, "name")
+    prefix = f"{name}/{check_name(version, 'version')}/" if version else f"{name}/"
+    found = []
+    for info in store.list(prefix):
+        parts = info.key.split("/")
+        if len(parts) == 5 and parts[4] == MANIFEST_FILE and parts[1] != ALIASES_DIR:
+            found.append(BundleKey.of(*parts[:4]))
+    return found
 
 
 def read_manifest(store: ObjectStore, key: BundleKey) -> tuple[Manifest, bytes]:
@@ -73,12 +81,12 @@ def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest) -> BundleR
     if store.exists(manifest_key):
         _, existing = read_manifest(store, key)
         raise BundleConflict(
-            f"{key.prefix} is already published in {store.url} (manifest sha256 {_sha(existing)}); "
+            f"{key.prefix} is already published in {store.url} (manifest sha256 {sha256_bytes(existing)}); "
             "publish a new version instead: nothing was overwritten"
         )
     for entry in manifest.files:
         try:
-            result = store.put_file(key.key(entry.path), bundle_dir / entry.path)
+            result = store.put_file(key.key(entry.path), bundle_dir / entry.path, sha256=entry.sha256)
         except ObjectExists as exc:
             # A retried publish finds its own object; anything else is another publisher's.
             if exc.existing_sha256 == entry.sha256:
@@ -95,13 +103,16 @@ def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest) -> BundleR
     body = manifest.model_dump_json(indent=2).encode()
     try:
         store.put_bytes(manifest_key, body)
-    except ObjectExists:
+    except ObjectExists as exc:
+        if exc.existing_sha256 == sha256_bytes(body):
+            # Our own write landed and its answer was lost; the retry found it.
+            return BundleRef(store=store.url, key=key, manifest_key=manifest_key, manifest_sha256=sha256_bytes(body))
         _, existing = read_manifest(store, key)
         raise BundleConflict(
-            f"{key.prefix} was published by someone else first (manifest sha256 {_sha(existing)}); "
+            f"{key.prefix} was published by someone else first (manifest sha256 {sha256_bytes(existing)}); "
             "nothing was overwritten"
         ) from None
-    return BundleRef(store=store.url, key=key, manifest_key=manifest_key, manifest_sha256=_sha(body))
+    return BundleRef(store=store.url, key=key, manifest_key=manifest_key, manifest_sha256=sha256_bytes(body))
 
 
 def verify_pairing(manifest: Manifest) -> None:
@@ -112,9 +123,17 @@ def verify_pairing(manifest: Manifest) -> None:
         raise IntegrityError(f"manifest of {manifest.key.prefix} lists no checksum for {missing}")
 
 
-def pull(store: ObjectStore, key: BundleKey, dest: Path) -> Manifest:
-    """Download a bundle into ``dest`` (which must not exist), verifying every file; all or nothing."""
+def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str | None = None) -> Manifest:
+    """Download a bundle into ``dest`` (which must not exist), verifying every file; all or nothing.
+
+    ``manifest_sha256`` (an alias records it) pins the manifest itself.
+    """
     manifest, raw = read_manifest(store, key)
+    if manifest_sha256 is not None and sha256_bytes(raw) != manifest_sha256:
+        raise IntegrityError(
+            f"{key.key(MANIFEST_FILE)}: sha256 {sha256_bytes(raw)} is not the {manifest_sha256} the alias recorded; "
+            "manifests are never rewritten, so the store was tampered with: refusing to pull"
+        )
     verify_pairing(manifest)
     if dest.exists():
         raise BundleConflict(f"destination {dest} already exists; choose a new directory")

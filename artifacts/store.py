@@ -6,6 +6,8 @@ compare-and-swap for aliases. Keys are ``/``-separated safe segments under the s
 
 from __future__ import annotations
 
+import builtins
+
 import fcntl
 import hashlib
 import os
@@ -13,12 +15,16 @@ import uuid
 from abc import ABC, abstractmethod
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from prefect_executorch.errors import BundleNotFound, ObjectExists, PreconditionFailed, SpecError
+from prefect_executorch.errors import BundleNotFound, IntegrityError, ObjectExists, PreconditionFailed, SpecError
 from prefect_executorch.hashing import CHUNK, sha256_file
+
+if TYPE_CHECKING:
+    from prefect.blocks.core import Block
 
 _TMP_PREFIX = ".tmp-"
 
@@ -30,6 +36,15 @@ class ObjectInfo(BaseModel):
     size: int
     etag: str
     last_modified: datetime
+    sha256: str | None = Field(default=None, description="Whole-object sha256, if the store recorded it on write.")
+
+
+class IncompleteUpload(BaseModel):
+    """An upload that was started and never finished (a multipart upload, a local temporary file)."""
+
+    key: str
+    upload_id: str
+    started: datetime
 
 
 class PutResult(BaseModel):
@@ -55,8 +70,12 @@ class ObjectStore(ABC):
     url: str
 
     @abstractmethod
-    def put_file(self, key: str, path: Path) -> PutResult:
-        """Upload ``path`` to a new object; ``ObjectExists`` if ``key`` is taken."""
+    def put_file(self, key: str, path: Path, *, sha256: str | None = None) -> PutResult:
+        """Upload ``path`` to a new object; ``ObjectExists`` if ``key`` is taken.
+
+        With ``sha256`` (the manifest's), content that does not hash to it is refused
+        (``IntegrityError``) and never becomes visible.
+        """
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes, *, if_match: str | None = None) -> PutResult:
@@ -81,6 +100,13 @@ class ObjectStore(ABC):
     @abstractmethod
     def delete(self, key: str) -> None:
         """Remove ``key`` (no error if absent)."""
+
+    def incomplete_uploads(self, prefix: str) -> builtins.list[IncompleteUpload]:
+        """Uploads under ``prefix`` that were started and never finished."""
+        return []
+
+    def abort_upload(self, upload: IncompleteUpload) -> None:
+        """Discard an unfinished upload."""
 
     def exists(self, key: str) -> bool:
         """Whether ``key`` exists."""
@@ -118,7 +144,7 @@ class LocalStore(ObjectStore):
         finally:
             tmp.unlink(missing_ok=True)
 
-    def put_file(self, key: str, path: Path) -> PutResult:
+    def put_file(self, key: str, path: Path, *, sha256: str | None = None) -> PutResult:
         target = self._path(key)
         tmp = self._tmp(target)
         digest = hashlib.sha256()
@@ -130,8 +156,11 @@ class LocalStore(ObjectStore):
                 size += len(chunk)
             dst.flush()
             os.fsync(dst.fileno())
-        self._link_new(tmp, target, key)
         sha = digest.hexdigest()
+        if sha256 is not None and sha != sha256:
+            tmp.unlink(missing_ok=True)
+            raise IntegrityError(f"{path}: sha256 {sha} does not match the expected {sha256}; {key} was not written")
+        self._link_new(tmp, target, key)
         return PutResult(key=key, size=size, sha256=sha, etag=sha)
 
     def put_bytes(self, key: str, data: bytes, *, if_match: str | None = None) -> PutResult:
@@ -206,15 +235,38 @@ class LocalStore(ObjectStore):
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
+    def incomplete_uploads(self, prefix: str) -> builtins.list[IncompleteUpload]:
+        base = self.root / prefix.rstrip("/") if prefix else self.root
+        if not base.exists():
+            return []
+        return [
+            IncompleteUpload(key=path.relative_to(self.root).as_posix(), upload_id=path.name,
+                             started=datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc))
+            for path in sorted(base.rglob(f"{_TMP_PREFIX}*")) if path.is_file()
+        ]
 
-def open_store(url: str | Path) -> ObjectStore:
-    """A store from a URL: ``s3://bucket/prefix``, ``file:///dir`` or a directory path."""
+    def abort_upload(self, upload: IncompleteUpload) -> None:
+        path = self.root / upload.key
+        if path.name.startswith(_TMP_PREFIX):
+            path.unlink(missing_ok=True)
+
+
+def open_store(url: str | Path | ObjectStore | Block, *, endpoint_url: str | None = None) -> ObjectStore:
+    """A store from a URL (``s3://bucket/prefix``, ``file:///dir``, a directory), a store, or an S3Bucket block."""
+    if isinstance(url, ObjectStore):
+        return url
+    if hasattr(url, "bucket_name") and hasattr(url, "credentials"):  # a prefect-aws S3Bucket block
+        from prefect_executorch.artifacts.s3 import S3Store
+
+        return S3Store.from_block(url)
+    if not isinstance(url, (str, Path)):
+        raise SpecError(f"store: expected a URL, a directory or an S3Bucket block, found {type(url).__name__}")
     text = str(url)
     parsed = urlparse(text)
     if parsed.scheme == "s3":
         from prefect_executorch.artifacts.s3 import S3Store
 
-        return S3Store.from_url(text)
+        return S3Store.from_url(text, endpoint_url=endpoint_url)
     if parsed.scheme == "file":
         return LocalStore(parsed.path)
     if parsed.scheme and len(parsed.scheme) > 1:

@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from prefect import flow
+from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.registry import BundleRef
 from prefect_executorch.spec import BuildSpec
@@ -17,8 +18,8 @@ from prefect_executorch.tasks.validate import validate_export
 
 
 @flow(name="build-bundle", flow_run_name="build-{spec.name}-{spec.version}")
-def build_bundle(spec: BuildSpec, store: str, output: str | None = None) -> BundleRef:
-    """Build, validate and publish one bundle of ``spec`` to ``store``.
+def build_bundle(spec: BuildSpec, store: str | Block, output: str | None = None) -> BundleRef:
+    """Build, validate and publish one bundle of ``spec`` to ``store`` (a URL or an S3Bucket block).
 
     Exports go to fresh directories under ``output``; without one, a temporary directory is used
     and removed when the flow ends.

@@ -2,37 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.registry import BundleRef, prepare_bundle, publish
 from prefect_executorch.artifacts.store import open_store
-from prefect_executorch.errors import BundleConflict, IntegrityError, SpecError
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
+from prefect_executorch.tasks.retries import retry_transient
 from prefect_executorch.toolchain import Toolchain
 
-#: Errors a retry cannot fix.
-_PERMANENT = (BundleConflict, IntegrityError, SpecError)
+if TYPE_CHECKING:
+    from prefect.blocks.core import Block
 
 
-def _retry_transient(task: Any, task_run: Any, state: Any) -> bool:
-    try:
-        state.result()
-    except _PERMANENT:
-        return False
-    except Exception:  # noqa: BLE001 - anything else (network, 5xx) is worth another try
-        return True
-    return False
-
-
-@task(name="publish", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=_retry_transient)
+@task(name="publish", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=retry_transient)
 def publish_bundle(
-    spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport, store: str
+    spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport, store: str | Block
 ) -> BundleRef:
-    """Write the manifest for the export and publish the bundle to ``store``."""
+    """Write the manifest for the export and publish the bundle to ``store`` (a URL or an S3Bucket block)."""
     manifest = prepare_bundle(spec, toolchain, export, report)
     ref = publish(open_store(store), export.path, manifest)
     get_run_logger().info("published %s to %s (manifest sha256 %s)", ref.key.prefix, ref.store, ref.manifest_sha256)

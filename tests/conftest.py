@@ -16,7 +16,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
 
-from helpers import spec_data  # noqa: E402
+from helpers import set_aws_env, spec_data  # noqa: E402
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
@@ -35,3 +35,29 @@ def make_spec() -> Callable[..., BuildSpec]:
         return parse_spec(spec_data(factory, **overrides))
 
     return make
+
+
+# --- S3 (SeaweedFS) -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[Any]:
+    """One SeaweedFS S3 server (auth enforced) for the session; fails, never skips, without `weed`.
+
+    ``s3_server.make_bucket()`` gives each test a fresh bucket.
+    """
+    from prefect_executorch.testing.seaweedfs import SeaweedS3, weed_binary
+
+    try:
+        weed_binary()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with SeaweedS3() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The session's S3 server, with boto3's standard chain pointing at it (and nowhere else)."""
+    set_aws_env(monkeypatch, s3_server)
+    return s3_server

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 TESTS = Path(__file__).parent
 MODELS = TESTS / "models.py"
 
@@ -21,3 +23,15 @@ def spec_data(factory: str = "convnet", **overrides: Any) -> dict[str, Any]:
     }
     data.update(overrides)
     return data
+
+
+_AWS_VARS_TO_CLEAR = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL",
+                      "AWS_DEFAULT_REGION", "PREFECT_EXECUTORCH_STORE")
+
+
+def set_aws_env(patch: pytest.MonkeyPatch, server: Any) -> None:
+    """Point boto3's standard chain at a SeaweedS3 ``server`` and nowhere else (no profiles, no IMDS)."""
+    for name in _AWS_VARS_TO_CLEAR:
+        patch.delenv(name, raising=False)
+    for name, value in server.env().items():
+        patch.setenv(name, value)

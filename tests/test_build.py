@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from prefect_executorch.artifacts.manifest import BundleKey
+from prefect_executorch.artifacts.manifest import BundleKey, Manifest
 from prefect_executorch.artifacts.registry import pull, verify_bundle_dir
-from prefect_executorch.artifacts.store import LocalStore
+from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import BundleConflict, ExportFailed, SpecError, ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.hashing import sha256_file
@@ -26,9 +26,14 @@ DYNAMIC_IMAGE = {"forward": {"inputs": [
 ]}}
 
 
-def _run_pulled(spec: BuildSpec, store: LocalStore, key: BundleKey, dest: Path) -> None:
+def _run_pulled(spec: BuildSpec, store: ObjectStore, key: BundleKey, dest: Path) -> None:
     """Pull the bundle into a fresh directory and check every method against eager at new shapes."""
     manifest = pull(store, key, dest)
+    check_bundle_runs(spec, dest, manifest)
+
+
+def check_bundle_runs(spec: BuildSpec, dest: Path, manifest: Manifest) -> None:
+    """Verify a bundle directory and run every method against eager at the largest shapes."""
     assert verify_bundle_dir(dest) == manifest
     program = LoadedProgram(dest / manifest.program, dest / manifest.data_files[0] if manifest.data_files else None)
     model = load_model(spec)

@@ -150,5 +150,118 @@ def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     console.print(table)
 
 
+# --- registry: pull, promote, ls, gc ------------------------------------------------------------
+
+_STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DEFAULT_STORE})."
+_ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
+
+
+def _open(store: str, endpoint_url: Optional[str]) -> Any:
+    from prefect_executorch.artifacts.store import open_store
+
+    return open_store(store, endpoint_url=endpoint_url)
+
+
+@app.command()
+@handle_errors
+def pull(
+    name: str = typer.Argument(..., help="Model name."),
+    to: Path = typer.Option(..., "--to", help="New directory to create with the verified bundle."),
+    version: Optional[str] = typer.Option(None, "--version", help="Version to pull."),
+    alias: Optional[str] = typer.Option(None, "--alias", help="Alias to pull (prod, staging...)."),
+    target: Optional[str] = typer.Option(None, "--target", help="Only bundles of this target."),
+    compat: str = typer.Option("auto", "--compat", help="'auto' (fits this machine) or a compat key."),
+    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+) -> None:
+    """Download a bundle, verify every sha256 and the .pte/.ptd pairing, then move it into place."""
+    from prefect_executorch.artifacts.catalog import resolve
+    from prefect_executorch.artifacts.registry import pull as pull_bundle
+
+    opened = _open(store, endpoint_url)
+    resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
+    manifest = pull_bundle(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256)
+    console.print(f"[bold green]pulled[/] {resolved.key.prefix} ({resolved.reason}) into {to}")
+    console.print(f"{len(manifest.files)} files verified; program {manifest.program}"
+                  + (f" with {', '.join(manifest.data_files)}" if manifest.data_files else ""))
+
+
+@app.command()
+@handle_errors
+def promote(
+    name: str = typer.Argument(..., help="Model name."),
+    version: str = typer.Argument(..., help="Version to promote."),
+    alias: str = typer.Option(..., "--alias", help="Alias to move (prod, staging...)."),
+    target: Optional[str] = typer.Option(None, "--target", help="Bundle target, if the version has several."),
+    compat: Optional[str] = typer.Option(None, "--compat", help="Bundle compat key, if the version has several."),
+    force: bool = typer.Option(False, "--force", help="Promote although validation failed (recorded in the alias)."),
+    expect_version: Optional[str] = typer.Option(
+        None, "--expect-version", help="Only move the alias if it points at this version now."),
+    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+) -> None:
+    """Point an alias at a validated bundle (compare-and-swap; a concurrent move makes this fail)."""
+    from prefect_executorch.artifacts.aliases import promote as promote_alias
+
+    record = promote_alias(_open(store, endpoint_url), name, version, alias, target=target, compat=compat,
+                           force=force, expect_version=expect_version)
+    before = record.previous
+    was = f" (was {before.version} {before.target}/{before.compat})" if before else ""
+    console.print(f"[bold green]promoted[/] {record.describe()}{was}")
+
+
+@app.command("ls")
+@handle_errors
+def ls_command(
+    name: str = typer.Argument(..., help="Model name."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+) -> None:
+    """List a model's versions, targets, compat keys and aliases."""
+    from prefect_executorch.artifacts.catalog import ls
+
+    listing = ls(_open(store, endpoint_url), name)
+    if as_json:
+        sys.stdout.write(listing.model_dump_json(indent=2) + "\n")
+        return
+    table = Table(title=f"{name} in {listing.store}")
+    for column in ("version", "target", "compat", "aliases"):
+        table.add_column(column)
+    for key in listing.bundles:
+        pointing = [a for a, r in listing.aliases.items() if r.bundle_key() == key]
+        table.add_row(key.version, key.target, key.compat, ", ".join(sorted(pointing)))
+    console.print(table)
+    for record in listing.aliases.values():
+        console.print(f"alias {record.describe()}")
+    for prefix in listing.incomplete:
+        console.print(f"[yellow]incomplete (no manifest):[/] {prefix}")
+
+
+@app.command("gc")
+@handle_errors
+def gc_command(
+    name: Optional[str] = typer.Argument(None, help="Only this model (default: the whole store)."),
+    apply: bool = typer.Option(False, "--apply", help="Remove what was found (default: dry run)."),
+    grace_hours: float = typer.Option(24.0, "--grace-hours", min=0, help="Leave anything younger than this."),
+    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
+    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+) -> None:
+    """Find objects of bundles that never got a manifest, and unfinished uploads, older than the grace period."""
+    from datetime import timedelta
+
+    from prefect_executorch.artifacts.gc import gc
+
+    report = gc(_open(store, endpoint_url), name, grace=timedelta(hours=grace_hours), apply=apply)
+    verb = "removed" if apply else "would remove"
+    for info in report.orphans:
+        console.print(f"{verb} {info.key} ({info.size} bytes, {info.last_modified:%Y-%m-%d %H:%M}Z)")
+    for upload in report.uploads:
+        console.print(f"{verb} unfinished upload of {upload.key} (started {upload.started:%Y-%m-%d %H:%M}Z)")
+    console.print(f"{len(report.orphans)} orphaned objects, {len(report.uploads)} unfinished uploads; "
+                  f"{report.kept_recent} younger than {grace_hours:g} h kept"
+                  + ("" if apply else "; dry run: pass --apply to remove them"))
+
+
 if __name__ == "__main__":
     app()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prefect_executorch.compat import cpu_compat
 from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.targets.base import PROGRAM_FILE, WEIGHTS_TAG, Target
 
@@ -43,7 +44,7 @@ class CpuTarget(Target):
         return []
 
     def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
-        return f"cpu-{self.name}-{toolchain.arch}"
+        return cpu_compat(self.name, toolchain.arch)
 
 
 class PortableTarget(CpuTarget):

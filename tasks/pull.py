@@ -1,0 +1,36 @@
+"""Pull a bundle: resolve version or alias to the bundle that fits, download, verify every byte."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from prefect import get_run_logger, task
+
+from prefect_executorch.artifacts.catalog import AUTO, resolve
+from prefect_executorch.artifacts.manifest import Manifest
+from prefect_executorch.artifacts.registry import pull
+from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.tasks.retries import retry_transient
+
+if TYPE_CHECKING:
+    from prefect.blocks.core import Block
+
+
+@task(name="pull", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=retry_transient)
+def pull_bundle(
+    store: str | Block,
+    name: str,
+    dest: str,
+    version: str | None = None,
+    alias: str | None = None,
+    target: str | None = None,
+    compat: str = AUTO,
+) -> Manifest:
+    """Resolve and download a bundle into ``dest`` (a new directory); ``IntegrityError`` leaves nothing there."""
+    opened = open_store(store)
+    resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
+    manifest = pull(opened, resolved.key, Path(dest), manifest_sha256=resolved.manifest_sha256)
+    get_run_logger().info("pulled %s (%s) into %s; %d files verified", resolved.key.prefix, resolved.reason, dest,
+                          len(manifest.files))
+    return manifest

@@ -1,0 +1,54 @@
+"""Compat keys: parsing, building and fitting a machine (no S3, no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from prefect_executorch.compat import cpu_compat, fit, gpu_compat, parse_compat
+from prefect_executorch.errors import SpecError
+from prefect_executorch.toolchain import GpuInfo, Toolchain
+
+CPU_HOST = Toolchain(python="3.11", os="Linux", arch="x86_64", torch="2.13.0+cpu")
+H100 = Toolchain(python="3.11", os="Linux", arch="x86_64", torch="2.14.0+cu132", cuda_channel="cu132",
+                 tensorrt="11.1.0.5", gpus=[GpuInfo(index=0, name="H100", sm="sm90", total_memory_mib=81559)])
+A10G_ARM = H100.model_copy(update={"arch": "aarch64", "tensorrt": "11.3.0",
+                                   "gpus": [GpuInfo(index=0, name="A10G", sm="sm86", total_memory_mib=22000)]})
+
+
+def test_keys_round_trip_through_the_builders() -> None:
+    assert gpu_compat("cu132", 90, "x86_64", tensorrt="11.1.0.5") == "cu132-sm90-trt11.1-x86_64"
+    assert gpu_compat("cu132", 80, "aarch64", sm_or_newer=True, tensorrt_any=True) == "cu132-sm80plus-trt-any-aarch64"
+    assert cpu_compat("xnnpack", "x86_64") == "cpu-xnnpack-x86_64"
+    parsed = parse_compat("cu132-sm80plus-trt-any-aarch64")
+    assert (parsed.cuda_channel, parsed.sm, parsed.sm_or_newer, parsed.tensorrt_any, parsed.arch) == \
+        ("cu132", 80, True, True, "aarch64")
+    assert parse_compat("cu130-sm100-x86_64").tensorrt is None
+
+
+@pytest.mark.parametrize("bad", ["", "gpu", "cpu-xnnpack", "cu132-sm9-x86_64", "cu132-sm90-trt-x86_64", "CPU-x-y"])
+def test_bad_keys_name_the_expected_shapes(bad: str) -> None:
+    with pytest.raises(SpecError, match="expected 'cpu-<backend>-<arch>'"):
+        parse_compat(bad)
+
+
+@pytest.mark.parametrize(("key", "machine", "ok", "reason"), [
+    ("cpu-xnnpack-x86_64", CPU_HOST, True, ""),
+    ("cpu-xnnpack-aarch64", CPU_HOST, False, "built for aarch64, this machine is x86_64"),
+    ("cpu-portable-x86_64", H100, True, ""),
+    ("cu132-sm90-trt11.1-x86_64", CPU_HOST, False, "needs CUDA channel cu132, this machine has no CUDA"),
+    ("cu132-sm90-trt11.1-x86_64", H100, True, ""),
+    ("cu134-sm90-trt11.1-x86_64", H100, False, "needs CUDA channel cu134, this machine has cu132"),
+    ("cu132-sm100-trt11.1-x86_64", H100, False, "engine built for sm100, this GPU is sm90"),
+    ("cu132-sm90-trt11.3-x86_64", H100, False, "engine needs TensorRT 11.3, this machine has 11.1.0.5"),
+    ("cu132-sm80plus-trt-any-aarch64", A10G_ARM, True, ""),
+    ("cu132-sm90plus-trt-any-aarch64", A10G_ARM, False, "needs SM 90 or newer, this GPU is sm86"),
+])
+def test_fit(key: str, machine: Toolchain, ok: bool, reason: str) -> None:
+    verdict = fit(key, machine)
+    assert (verdict.ok, verdict.reason) == (ok, reason)
+
+
+def test_specific_beats_portable() -> None:
+    assert fit("cu132-sm90-trt11.1-x86_64", H100).rank > fit("cu132-sm80plus-trt-any-x86_64", H100).rank
+    assert fit("cu132-sm80plus-trt11.1-x86_64", H100).rank > fit("cu132-sm80plus-trt-any-x86_64", H100).rank
+    assert fit("cpu-xnnpack-x86_64", CPU_HOST).rank > fit("cpu-portable-x86_64", CPU_HOST).rank
