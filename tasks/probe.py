@@ -5,7 +5,10 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 
 from prefect_executorch.isolation import warm_up
+from prefect_executorch.errors import ToolchainMismatch
+from prefect_executorch.placement import Placement, route
 from prefect_executorch.spec import BuildSpec
+from prefect_executorch.tasks.gpu import gpu_index_from_env
 from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain, probe
 
@@ -24,3 +27,11 @@ def check_buildable(spec: BuildSpec, toolchain: Toolchain) -> str:
     for warning in target.check(spec, toolchain):
         get_run_logger().warning(warning)
     return target.compat(spec, toolchain)
+
+
+@task(name="check-placement")
+def check_placement(spec: BuildSpec, placement: Placement, toolchain: Toolchain) -> None:
+    """Refuse to build here when this worker is not what the placement asks for."""
+    decision = route({"spec": spec, "placement": placement}, {}, None, None, toolchain, gpu_index_from_env())
+    if not decision.accepted:
+        raise ToolchainMismatch(f"cannot build {spec.target_name} for {placement.pool}/{placement.queue} here: {decision.reason}")
