@@ -14,6 +14,7 @@ from prefect_executorch.spec import BuildSpec
 from prefect_executorch.tasks.build import build_and_publish, is_published
 from prefect_executorch.tasks.cache import resolve_result_storage
 from prefect_executorch.tasks.probe import check_buildable, check_placement, probe_toolchain
+from prefect_executorch.tasks.weights import fetch_weights
 
 
 @flow(name="build-bundle", flow_run_name="build-{spec.name}-{spec.version}-{spec.target.kind}", persist_result=True)
@@ -23,12 +24,16 @@ def build_bundle(
     output: str | None = None,
     placement: Placement | None = None,
     result_storage: str | None = None,
+    weights_uri: str | None = None,
+    weights_sha256: str | None = None,
 ) -> BundleRef:
     """Build, validate and publish one bundle of ``spec`` to ``store``.
 
     An unchanged rebuild (same weights, model source, spec, toolchain and store) returns the
     published bundle without exporting, as long as its manifest is still in the store.
-    ``placement`` is checked against this worker's toolchain before any work. Exports go to fresh
+    ``placement`` is checked against this worker's toolchain before any work. ``weights_uri``
+    (``s3://...`` or a path, verified against ``weights_sha256``) replaces the spec's weights,
+    fetched into the output directory. Exports go to fresh
     directories under ``output``; without one, a temporary directory is used and removed.
     ``result_storage`` (a directory or ``block:<type>/<name>``; default ``$PREFECT_EXECUTORCH_RESULT_STORAGE``)
     holds the cache records.
@@ -38,6 +43,8 @@ def build_bundle(
         toolchain = probe_toolchain()
         if placement is not None:
             check_placement(spec, placement, toolchain)
+        if weights_uri:
+            spec = fetch_weights(weights_uri, output_root, weights_sha256).apply(spec)
         compat = check_buildable(spec, toolchain)
         published = is_published(spec, compat, store)
         storage = resolve_result_storage(result_storage)

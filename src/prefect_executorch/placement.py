@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from prefect_executorch.spec import StrictModel, TargetSpec
+from prefect_executorch.spec import BuildSpec, StrictModel, TargetSpec
 from prefect_executorch.targets import TARGETS
 from prefect_executorch.targets.cpu import CpuTarget
 from prefect_executorch.toolchain import Toolchain
@@ -117,6 +117,10 @@ class MatrixCell(StrictModel):
         if needs_cuda(self.target.kind) and self.placement.channel == "cpu":
             raise ValueError(f"target {self.target.kind!r} needs a CUDA channel in placement (cu130, cu132, cu134)")
         return self
+
+    def spec_for(self, spec: BuildSpec) -> BuildSpec:
+        """``spec`` with this cell's target."""
+        return spec.model_copy(update={"target": self.target})
 
     @property
     def label(self) -> str:
