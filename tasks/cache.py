@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
@@ -43,6 +43,5 @@ def resolve_result_storage(value: str | None) -> Path | WritableFileSystem | Non
     if not value:
         return None
     if value.startswith("block:"):
-        loaded = WritableFileSystem.load(value.removeprefix("block:"))
-        return loaded  # type: ignore[no-any-return]
+        return cast(WritableFileSystem, WritableFileSystem.load(value.removeprefix("block:")))
     return Path(value).expanduser().resolve()

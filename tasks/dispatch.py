@@ -6,6 +6,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
+from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.states import State
 
@@ -44,7 +45,7 @@ def dispatch_build(
 ) -> BundleRef:
     """Run ``build-bundle/<pool>`` on the cell's arch queue, wait for it, and return its bundle."""
     deployment = f"{BUILD_FLOW}/{cell.placement.pool}"
-    flow_run = run_deployment(
+    flow_run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync call: not a coroutine
         name=deployment,
         parameters=build_parameters(spec, cell, store, weights_uri, weights_sha256),
         work_queue_name=cell.placement.queue,

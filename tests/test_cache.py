@@ -16,7 +16,7 @@ from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.toolchain import Toolchain, probe
 
-from conftest import MODELS
+from helpers import MODELS
 
 
 def _task_states(flow_run_id: UUID) -> dict[str, str]:

@@ -110,7 +110,7 @@ class ExecutorchWorker(ProcessWorker):
 
     type = WORKER_TYPE
     job_configuration = ExecutorchJobConfiguration  # type: ignore[assignment]
-    job_configuration_variables = ExecutorchVariables
+    job_configuration_variables = ExecutorchVariables  # type: ignore[assignment]
     _description = (
         "Runs prefect-executorch flows as subprocesses; probes its toolchain at start and refuses "
         "runs that need another CUDA channel, GPU arch or TensorRT version."
@@ -153,7 +153,8 @@ class ExecutorchWorker(ProcessWorker):
     ) -> ProcessWorkerResult:
         """Refuse a mismatched run (Failed, with the reason), else run it pinned to this worker's GPU."""
         assert self.toolchain is not None, "setup() probes the toolchain before any run"
-        await self.client.update_flow_run_labels(flow_run.id, advertised(self.toolchain, self.gpu_index))
+        labels: dict[str, bool | int | float | str] = {**advertised(self.toolchain, self.gpu_index)}
+        await self.client.update_flow_run_labels(flow_run.id, labels)
         decision = self.decide(flow_run, configuration)
         if not decision.accepted:
             message = f"refused by worker {self.name!r}: {decision.reason}"
