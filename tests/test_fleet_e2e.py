@@ -74,10 +74,11 @@ class Fleet:
             "PREFECT_EXECUTORCH_STORE": store,
         }
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.health_port = 0
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
         log = open(self.home / f"{name}.log", "wb")
-        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)
         return proc
@@ -129,7 +130,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         fleet.start_server()
         deployed = fleet.cli("deploy", "--prefect-file", str(_variant(tmp)))
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        fleet.start("worker-cpu", [*CLI, "worker", "--pool", "cpu", "--limit", "4"])
+        fleet.health_port = _free_port()
+        fleet.start("worker-cpu", [*CLI, "worker", "--pool", "cpu", "--limit", "4", "--with-healthcheck"],
+                    PREFECT_WORKER_WEBSERVER_PORT=str(fleet.health_port))
         yield fleet
     finally:
         fleet.stop_all()
@@ -186,6 +189,27 @@ def test_deployments_pools_and_schedule(fleet: Fleet) -> None:
     assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"]
     assert retrain.parameters["store"] == fleet.store and retrain.global_concurrency_limit.limit == 1
     assert automations and automations[0].trigger.expect == {"model.retrain.requested"}
+
+
+def _listening(port: int) -> list[str]:
+    """Local addresses listening on ``port`` (from /proc/net/tcp, IPv4)."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.append(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    return found
+
+
+def test_worker_health_endpoint_is_loopback_only(fleet: Fleet) -> None:
+    deadline = time.monotonic() + 60
+    while not _listening(fleet.health_port):
+        assert time.monotonic() < deadline, _tail(fleet.home / "worker-cpu.log")
+        time.sleep(0.5)
+    assert _listening(fleet.health_port) == ["127.0.0.1"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{fleet.health_port}/health", timeout=5) as response:
+        assert response.status == 200
 
 
 def test_matrix_deployment_builds_on_the_cpu_pool(fleet: Fleet) -> None:
