@@ -90,6 +90,8 @@ def test_contradicting_sources_are_refused_before_the_toolchain_is_asked() -> No
     assert "fix the deployment" in decision.reason
     queue_clash = _route(H200_CU132, "gpu-cu132", "sm80", {"channel": "cu132", "sm": "sm90"})
     assert "asks for sm 'sm90' (parameter placement.sm) but sits in queue 'sm80'" in queue_clash.reason
+    assert _route(H200_CU132, "gpu-cu132", "sm90", {"channel": "cu132", "sm": "sm80plus"}).accepted  # narrower
+    assert "sits in queue 'sm80'" in _route(H200_CU132, "gpu-cu132", "sm80", {"channel": "cu132", "sm": "sm90plus"}).reason
     assert "and 'sm100' (job variable sm)" in _route(H200_CU132, None, None, {"channel": "cu132", "sm": "sm90"},
                                                      sm="sm100").reason
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from prefect_executorch.spec import BuildSpec, StrictModel, TargetSpec
 from prefect_executorch.targets import TARGETS
 from prefect_executorch.targets.cpu import CpuTarget
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.toolchain import GpuInfo, Toolchain
 
 CPU_POOL = "cpu"
 DEFAULT_QUEUE = "default"
@@ -136,18 +136,20 @@ class Decision(BaseModel):
     reason: str = ""
 
 
-class _Need(BaseModel):
+class Need(BaseModel):
+    """One thing a run needs from its worker, and where that was asked."""
+
     value: str
     source: str
 
 
-def _merge(needs: dict[str, _Need], key: str, value: str | None, source: str) -> str | None:
+def _merge(needs: dict[str, Need], key: str, value: str | None, source: str) -> str | None:
     """Record ``value`` for ``key``; return a conflict message if another source asked otherwise."""
     if value is None:
         return None
     have = needs.get(key)
     if have is None:
-        needs[key] = _Need(value=value, source=source)
+        needs[key] = Need(value=value, source=source)
         return None
     if have.value != value:
         return f"the run asks for {key} {have.value!r} ({have.source}) and {value!r} ({source})"
@@ -178,9 +180,42 @@ def describe_worker(toolchain: Toolchain, gpu_index: int | None = None) -> str:
     return f"{channel} (torch {toolchain.torch}), {gpu_text}, {trt}"
 
 
-def _gpu(toolchain: Toolchain, gpu_index: int | None) -> Any:
+def _gpu(toolchain: Toolchain, gpu_index: int | None) -> GpuInfo | None:
     wanted = 0 if gpu_index is None else gpu_index
     return next((g for g in toolchain.gpus if g.index == wanted), None)
+
+
+def _fits(want: str, have: str) -> bool:
+    """Whether arch ``have`` serves ``want`` (``sm80plus``: any arch from 80 up)."""
+    return sm_number(have) >= sm_number(want) if want.endswith("plus") else sm_number(have) == sm_number(want)
+
+
+def requirements(
+    parameters: Mapping[str, Any], job_variables: Mapping[str, Any], pool: str | None, queue: str | None
+) -> tuple[dict[str, Need], list[str]]:
+    """What a run needs (channel, sm, tensorrt) and from where, plus every contradiction between sources."""
+    needs: dict[str, Need] = {}
+    conflicts: list[str] = []
+    placement = _as_mapping(parameters.get("placement"))
+    channel = placement.get("channel")
+    for key, value, source in (
+        ("channel", None if channel == "cpu" else channel, "parameter placement.channel"),
+        ("channel", job_variables.get("cuda_channel"), "job variable cuda_channel"),
+        ("channel", channel_of_pool(pool), f"work pool {pool!r}"),
+        ("sm", placement.get("sm"), "parameter placement.sm"),
+        ("sm", job_variables.get("sm"), "job variable sm"),
+        ("tensorrt", placement.get("tensorrt"), "parameter placement.tensorrt"),
+        ("tensorrt", job_variables.get("tensorrt"), "job variable tensorrt"),
+    ):
+        conflict = _merge(needs, key, value, source)
+        if conflict:
+            conflicts.append(conflict)
+    if queue and _SM_RE.match(queue):
+        if "sm" not in needs:
+            needs["sm"] = Need(value=queue, source=f"work queue {queue!r}")
+        elif not _fits(needs["sm"].value, queue):
+            conflicts.append(f"the run asks for sm {needs['sm'].value!r} ({needs['sm'].source}) but sits in queue {queue!r}")
+    return needs, conflicts
 
 
 def route(
@@ -197,50 +232,24 @@ def route(
     target asks nothing of this worker; a build run's spec target, ``placement`` parameter, the
     job variables ``cuda_channel``/``sm``/``tensorrt`` and the pool/queue names all must agree.
     """
-    needs: dict[str, _Need] = {}
-    conflicts: list[str] = []
-    placement = _as_mapping(parameters.get("placement"))
-    queue_sm = queue if queue and _SM_RE.match(queue) else None
-    for key, value, source in (
-        ("channel", placement.get("channel") if placement.get("channel") != "cpu" else None, "parameter placement.channel"),
-        ("channel", job_variables.get("cuda_channel"), "job variable cuda_channel"),
-        ("channel", channel_of_pool(pool), f"work pool {pool!r}"),
-        ("sm", placement.get("sm"), "parameter placement.sm"),
-        ("sm", job_variables.get("sm"), "job variable sm"),
-        ("tensorrt", placement.get("tensorrt"), "parameter placement.tensorrt"),
-        ("tensorrt", job_variables.get("tensorrt"), "job variable tensorrt"),
-    ):
-        conflict = _merge(needs, key, value, source)
-        if conflict:
-            conflicts.append(conflict)
-    # A queue named after an arch narrows, it does not contradict: sm80plus is served from sm80.
-    if queue_sm and "sm" in needs and sm_number(needs["sm"].value) != sm_number(queue_sm):
-        conflicts.append(f"the run asks for sm {needs['sm'].value!r} ({needs['sm'].source}) but sits in queue {queue!r}")
-    elif queue_sm and "sm" not in needs:
-        needs["sm"] = _Need(value=queue_sm, source=f"work queue {queue!r}")
+    needs, conflicts = requirements(parameters, job_variables, pool, queue)
     if conflicts:
         return Decision(accepted=False, reason="; ".join(conflicts) + "; fix the deployment or the run's parameters")
-
-    worker = describe_worker(toolchain, gpu_index)
     refusals: list[str] = []
     kind = None if "targets" in parameters else _target_kind(parameters.get("spec"))
     gpu = _gpu(toolchain, gpu_index)
     if kind is not None and needs_cuda(kind) and (not toolchain.cuda_available or gpu is None):
         refusals.append(f"spec target {kind!r} needs a CUDA GPU")
-    if "channel" in needs and needs["channel"].value != toolchain.cuda_channel:
+    wrong_channel = "channel" in needs and needs["channel"].value != toolchain.cuda_channel
+    if wrong_channel:
         refusals.append(f"the run needs CUDA channel {needs['channel'].value} ({needs['channel'].source})")
-    if "sm" in needs:
-        want = needs["sm"].value
-        have = sm_number(gpu.sm) if gpu else None
-        fits = have is not None and (have >= sm_number(want) if want.endswith("plus") else have == sm_number(want))
-        if not fits:
-            refusals.append(f"the run needs GPU arch {want} ({needs['sm'].source})")
+    if "sm" in needs and not (gpu and _fits(needs["sm"].value, gpu.sm)):
+        refusals.append(f"the run needs GPU arch {needs['sm'].value} ({needs['sm'].source})")
     if "tensorrt" in needs and not (toolchain.tensorrt or "").startswith(needs["tensorrt"].value):
         refusals.append(f"the run needs TensorRT {needs['tensorrt'].value} ({needs['tensorrt'].source})")
     if not refusals:
         return Decision(accepted=True)
-    reason = "; ".join(refusals) + f", but this worker is {worker}"
-    install = job_variables.get("install")
-    if install and "channel" in needs and needs["channel"].value != toolchain.cuda_channel:
-        reason += f"; run it on a worker that has the {needs['channel'].value} toolchain ({install})"
+    reason = "; ".join(refusals) + f", but this worker is {describe_worker(toolchain, gpu_index)}"
+    if wrong_channel and job_variables.get("install"):
+        reason += f"; run it on a worker that has the {needs['channel'].value} toolchain ({job_variables['install']})"
     return Decision(accepted=False, reason=reason)
