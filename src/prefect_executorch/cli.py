@@ -188,7 +188,7 @@ def worker(
 ) -> None:
     """Probe this machine and start an `executorch` worker that refuses runs for another channel or GPU arch."""
     from prefect_executorch.errors import ToolchainMismatch
-    from prefect_executorch.fleet import PoolPlan, prepare_pools
+    from prefect_executorch.fleet import plan_pool, prepare_pools
     from prefect_executorch.placement import channel_of_pool, describe_worker
     from prefect_executorch.toolchain import probe as run_probe
     from prefect_executorch.worker import TOOLCHAIN_ENV, WORKER_GPU_ENV, WORKER_TYPE, default_worker_name
@@ -200,7 +200,7 @@ def worker(
     if channel and channel != toolchain.cuda_channel:
         err_console.print(f"[yellow]warning:[/] pool {pool} builds for {channel} but this machine is "
                           f"{describe_worker(toolchain, gpu)}: every run will be refused")
-    prepare_pools([PoolPlan(name=pool, queues=queue)])
+    prepare_pools([plan_pool(pool, tuple(queue))])
     worker_name = name or default_worker_name(toolchain, gpu)
     env = {**os.environ, TOOLCHAIN_ENV: toolchain.model_dump_json()}
     env.setdefault("PREFECT_WORKER_WEBSERVER_HOST", "127.0.0.1")  # Prefect's default is 0.0.0.0

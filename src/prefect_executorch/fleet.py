@@ -35,24 +35,26 @@ def pool_template(pool: str) -> dict[str, Any]:
     return template
 
 
+def plan_pool(pool: str, queues: list[str] | tuple[str, ...] = ()) -> PoolPlan:
+    """A pool with its default queue, one queue per GPU arch if it is a GPU pool, and ``queues``."""
+    names = {DEFAULT_QUEUE, *queues, *(GPU_ARCHS if channel_of_pool(pool) else ())}
+    return PoolPlan(name=pool, queues=sorted(names))
+
+
 def plan_pools(prefect_file: Path) -> list[PoolPlan]:
-    """The pools a prefect.yaml deploys to; GPU pools get one queue per arch, every pool its default queue."""
+    """The pools a prefect.yaml deploys to, with their queues."""
     try:
         config = yaml.safe_load(prefect_file.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise SpecError(f"prefect file: cannot read {str(prefect_file)!r}: {exc}") from None
-    pools: dict[str, set[str]] = {}
+    queues: dict[str, set[str]] = {}
     for index, deployment in enumerate(config.get("deployments") or []):
         pool = (deployment.get("work_pool") or {}).get("name")
         if not pool:
             raise SpecError(f"deployments[{index}].work_pool.name: missing in {prefect_file}; name the pool to run on")
-        queues = pools.setdefault(pool, {DEFAULT_QUEUE})
-        if channel_of_pool(pool):
-            queues.update(GPU_ARCHS)
         queue = deployment["work_pool"].get("work_queue_name")
-        if queue:
-            queues.add(queue)
-    return [PoolPlan(name=name, queues=sorted(queues)) for name, queues in sorted(pools.items())]
+        queues.setdefault(pool, set()).update([queue] if queue else [])
+    return [plan_pool(pool, tuple(names)) for pool, names in sorted(queues.items())]
 
 
 async def ensure_pools(plans: list[PoolPlan]) -> list[str]:
