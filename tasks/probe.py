@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.isolation import warm_up
 from prefect_executorch.errors import ToolchainMismatch
+from prefect_executorch.isolation import warm_up
 from prefect_executorch.placement import Placement, route
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.targets import get_target
