@@ -87,7 +87,7 @@ class Manifest(BaseModel):
     weights_sha256: str | None = None
     validation: ValidationSummary
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
-    builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {_builder()}")
+    builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")
 
     @property
     def key(self) -> BundleKey:
@@ -106,7 +106,8 @@ class Manifest(BaseModel):
         return {name: method.delegates for name, method in self.methods.items()}
 
 
-def _builder() -> str:
+def user_at_host() -> str:
+    """``user@host`` of this process, for "who built / requested this"."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

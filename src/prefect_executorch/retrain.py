@@ -7,28 +7,19 @@ into the flow's parameters (see ``deployments/prefect.yaml`` and ``docs/fleet.md
 
 from __future__ import annotations
 
-import getpass
 import re
-import socket
 
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from prefect_executorch.artifacts.manifest import user_at_host
 from prefect_executorch.errors import SpecError
 from prefect_executorch.spec import NAME_RULE, BuildSpec, is_safe_name
 
 EVENT = "model.retrain.requested"
 RESOURCE_PREFIX = "executorch.model."
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _requester() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 class RetrainRequest(BaseModel):
@@ -39,7 +30,7 @@ class RetrainRequest(BaseModel):
     weights_sha256: str | None = Field(None, description="Expected sha256 of the weights; the fetch refuses other bytes.")
     version: str | None = Field(None, description="Version to publish; default '<spec version>-<sha256[:12]>'.")
     reason: str = Field("", description="Free text for humans, e.g. the training run that produced the weights.")
-    requested_by: str = Field(default_factory=_requester, description="user@host that emitted the request.")
+    requested_by: str = Field(default_factory=user_at_host, description="user@host that emitted the request.")
 
     @field_validator("name", "version")
     @classmethod
