@@ -1,4 +1,4 @@
-"""``build_bundle``: probe -> export -> validate -> publish."""
+"""``build_bundle``: probe -> check placement -> export -> validate -> publish (cached)."""
 
 from __future__ import annotations
 
@@ -10,27 +10,51 @@ from prefect import flow
 from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.registry import BundleRef
+from prefect_executorch.placement import Placement
 from prefect_executorch.spec import BuildSpec
-from prefect_executorch.tasks.export import export_model
-from prefect_executorch.tasks.probe import check_buildable, probe_toolchain
-from prefect_executorch.tasks.publish import publish_bundle
-from prefect_executorch.tasks.validate import validate_export
+from prefect_executorch.tasks.build import build_and_publish, is_published
+from prefect_executorch.tasks.cache import resolve_result_storage
+from prefect_executorch.tasks.probe import check_buildable, check_placement, probe_toolchain
+from prefect_executorch.tasks.weights import fetch_weights
 
 
-@flow(name="build-bundle", flow_run_name="build-{spec.name}-{spec.version}")
-def build_bundle(spec: BuildSpec, store: str | Block, output: str | None = None) -> BundleRef:
+@flow(name="build-bundle", flow_run_name="build-{spec.name}-{spec.version}-{spec.target.kind}", persist_result=True)
+def build_bundle(
+    spec: BuildSpec,
+    store: str | Block,
+    output: str | None = None,
+    placement: Placement | None = None,
+    result_storage: str | None = None,
+    weights_uri: str | None = None,
+    weights_sha256: str | None = None,
+) -> BundleRef:
     """Build, validate and publish one bundle of ``spec`` to ``store`` (a URL or an S3Bucket block).
 
-    Exports go to fresh directories under ``output``; without one, a temporary directory is used
-    and removed when the flow ends.
+    An unchanged rebuild (same weights, model source, spec, toolchain and store) returns the
+    published bundle without exporting, as long as its manifest is still in the store.
+    ``placement`` is checked against this worker's toolchain before any work. ``weights_uri``
+    (``s3://...`` or a path, verified against ``weights_sha256``) replaces the spec's weights,
+    fetched into the output directory. Exports go to fresh
+    directories under ``output``; without one, a temporary directory is used and removed.
+    ``result_storage`` (a directory or ``block:<type>/<name>``; default ``$PREFECT_EXECUTORCH_RESULT_STORAGE``)
+    holds the cache records.
     """
     output_root = Path(output) if output else Path(tempfile.mkdtemp(prefix="prefect-executorch-"))
     try:
         toolchain = probe_toolchain()
-        check_buildable(spec, toolchain)
-        export = export_model(spec, output_root)
-        report = validate_export(spec, export, output_root)
-        return publish_bundle(spec, toolchain, export, report, store)
+        if placement is not None:
+            check_placement(spec, placement, toolchain)
+        if weights_uri:
+            spec = fetch_weights(weights_uri, output_root, weights_sha256).apply(spec)
+        compat = check_buildable(spec, toolchain)
+        published = is_published(spec, compat, store)
+        storage = resolve_result_storage(result_storage)
+        # A cache record whose bundle is gone from the store is refreshed: the build runs again.
+        build = build_and_publish.with_options(refresh_cache=not published)
+        if storage is not None:
+            build = build.with_options(result_storage=storage)
+        return build(spec, toolchain, compat, store, output_root)
     finally:
         if output is None:
             shutil.rmtree(output_root, ignore_errors=True)
+

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
+from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.isolation import warm_up
+from prefect_executorch.placement import Placement, route
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain, probe
@@ -24,3 +26,12 @@ def check_buildable(spec: BuildSpec, toolchain: Toolchain) -> str:
     for warning in target.check(spec, toolchain):
         get_run_logger().warning(warning)
     return target.compat(spec, toolchain)
+
+
+@task(name="check-placement")
+def check_placement(spec: BuildSpec, placement: Placement, toolchain: Toolchain) -> None:
+    """Refuse to build here when this worker is not what the placement asks for."""
+    # In the run's own process the pinned GPU is device 0 (the worker sets CUDA_VISIBLE_DEVICES).
+    decision = route({"spec": spec, "placement": placement}, {}, None, None, toolchain)
+    if not decision.accepted:
+        raise ToolchainMismatch(f"cannot build {spec.target_name} for {placement.pool}/{placement.queue} here: {decision.reason}")

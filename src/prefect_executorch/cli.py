@@ -263,5 +263,98 @@ def gc_command(
                   + ("" if apply else "; dry run: pass --apply to remove them"))
 
 
+@app.command()
+@handle_errors
+def deploy(
+    prefect_file: Path = typer.Option(Path("deployments/prefect.yaml"), "--prefect-file", help="The prefect.yaml to deploy."),
+    store: Optional[str] = typer.Option(None, "--store", envvar=STORE_ENV,
+                                        help="Bundle store the deployments publish to ({{ $PREFECT_EXECUTORCH_STORE }})."),
+    name: list[str] = typer.Option([], "--name", help="Deploy only these 'flow/deployment' names (default: all)."),
+    project_dir: Path = typer.Option(Path("."), "--project-dir", help="Where runs start (relative model paths resolve here)."),
+) -> None:
+    """Create the work pools and queues the deployments need, then `prefect deploy` them."""
+    from prefect_executorch.errors import SpecError
+    from prefect_executorch.fleet import plan_pools, prepare_pools, run_prefect_deploy
+
+    if not store:
+        raise SpecError(f"--store: not set; pass --store s3://bucket/prefix (or set {STORE_ENV})")
+    os.environ[STORE_ENV] = store
+    plans = plan_pools(prefect_file)
+    for line in prepare_pools(plans):
+        console.print(f"created {line}")
+    run_prefect_deploy(prefect_file, project_dir, name)
+    console.print(f"[bold green]deployed[/] {', '.join(name) if name else 'all deployments of ' + str(prefect_file)}"
+                  f" to pools {', '.join(p.name for p in plans)}")
+
+
+@app.command()
+@handle_errors
+def worker(
+    pool: str = typer.Option(..., "--pool", help="Work pool: gpu-cu130, gpu-cu132, gpu-cu134 or cpu."),
+    queue: list[str] = typer.Option([], "--queue", help="Queues to poll (default: all of the pool), e.g. sm90."),
+    gpu: Optional[int] = typer.Option(None, "--gpu", help="Pin to this GPU index (one worker per GPU)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Worker name (default: host-channel-sm-trt[-gpuN])."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Most concurrent flow runs."),
+    run_once: bool = typer.Option(False, "--run-once", help="Poll once, wait for the runs, exit."),
+    healthcheck: bool = typer.Option(False, "--with-healthcheck", help="Serve /health on 127.0.0.1."),
+) -> None:
+    """Probe this machine and start an `executorch` worker that refuses runs for another channel or GPU arch."""
+    from prefect_executorch.errors import ToolchainMismatch
+    from prefect_executorch.fleet import plan_pool, prepare_pools
+    from prefect_executorch.placement import channel_of_pool, describe_worker
+    from prefect_executorch.toolchain import probe as run_probe
+    from prefect_executorch.worker import TOOLCHAIN_ENV, WORKER_GPU_ENV, WORKER_TYPE, default_worker_name
+
+    toolchain = run_probe()
+    if gpu is not None and gpu not in [g.index for g in toolchain.gpus]:
+        raise ToolchainMismatch(f"--gpu: no GPU {gpu} here; this machine has {describe_worker(toolchain)}")
+    channel = channel_of_pool(pool)
+    if channel and channel != toolchain.cuda_channel:
+        err_console.print(f"[yellow]warning:[/] pool {pool} builds for {channel} but this machine is "
+                          f"{describe_worker(toolchain, gpu)}: every run will be refused")
+    prepare_pools([plan_pool(pool, tuple(queue))])
+    worker_name = name or default_worker_name(toolchain, gpu)
+    env = {**os.environ, TOOLCHAIN_ENV: toolchain.model_dump_json()}
+    env.setdefault("PREFECT_WORKER_WEBSERVER_HOST", "127.0.0.1")  # Prefect's default is 0.0.0.0
+    if gpu is not None:
+        env[WORKER_GPU_ENV] = str(gpu)
+    argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", WORKER_TYPE,
+            "--name", worker_name, "--install-policy", "never"]
+    argv += [arg for q in queue for arg in ("--work-queue", q)]
+    argv += ["--limit", str(limit)] if limit else []
+    argv += ["--run-once"] if run_once else []
+    argv += ["--with-healthcheck"] if healthcheck else []
+    console.print(f"starting worker {worker_name} on pool {pool}: {describe_worker(toolchain, gpu)}")
+    sys.stdout.flush()
+    # Replace this process, so signals (SIGINT to stop gracefully) reach the worker itself.
+    os.execve(sys.executable, argv, env)
+
+
+@app.command()
+@handle_errors
+def retrain(
+    name: str = typer.Argument(..., help="Model name (the spec's name in its retrain deployment)."),
+    weights: str = typer.Option(..., "--weights", help="New state dict: s3://bucket/key or a path the workers can read."),
+    sha256: Optional[str] = typer.Option(None, "--sha256", help="Expected sha256 of the weights (default: computed from a local file)."),
+    version: Optional[str] = typer.Option(None, "--version", help="Version to publish (default: <spec version>-<sha256[:12]>)."),
+    reason: str = typer.Option("", "--reason", help="Free text, e.g. the training run id."),
+) -> None:
+    """Emit `model.retrain.requested` for NAME: the hook a training pipeline calls when new weights are ready."""
+    from prefect.settings import PREFECT_API_URL
+
+    from prefect_executorch.errors import SpecError
+    from prefect_executorch.hashing import sha256_file
+    from prefect_executorch.retrain import EVENT, emit_retrain, parse_request
+
+    if not PREFECT_API_URL.value():
+        raise SpecError("PREFECT_API_URL: not set; point it at the server that runs the retrain deployment")
+    if sha256 is None and "://" not in weights and Path(weights).is_file():
+        sha256 = sha256_file(weights)
+    request = parse_request({"name": name, "weights_uri": weights, "weights_sha256": sha256, "version": version,
+                             "reason": reason})
+    event_id = emit_retrain(request)
+    console.print(f"emitted {EVENT} for {request.resource_id} (event {event_id})")
+
+
 if __name__ == "__main__":
     app()

@@ -71,3 +71,11 @@ class PreconditionFailed(BundleConflict):
         super().__init__(message)
         self.key = key
         self.current_etag = current_etag
+
+
+class BuildFailed(PrefectExecutorchError):
+    """One or more builds of a matrix failed or never ran; the message lists each."""
+
+
+class DeployFailed(PrefectExecutorchError):
+    """Creating work pools or deployments on the Prefect server failed."""

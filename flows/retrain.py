@@ -1,0 +1,51 @@
+"""``retrain``: new weights -> build matrix -> promote every bundle to an alias once all validated."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from prefect import flow
+
+from prefect_executorch.artifacts.registry import BundleRef
+from prefect_executorch.flows.matrix import build_matrix
+from prefect_executorch.placement import MatrixCell
+from prefect_executorch.retrain import parse_request
+from prefect_executorch.spec import BuildSpec
+from prefect_executorch.tasks.weights import fetch_weights
+
+
+@flow(name="retrain", flow_run_name="retrain-{name}")
+def retrain(
+    name: str,
+    weights_uri: str,
+    spec: BuildSpec,
+    targets: list[MatrixCell],
+    store: str,
+    version: str | None = None,
+    weights_sha256: str | None = None,
+    alias: str = "staging",
+    output: str | None = None,
+) -> list[BundleRef]:
+    """Fetch ``weights_uri``, build ``spec`` with it for every target, then move ``alias`` to the new bundles.
+
+    The parameters are the ``model.retrain.requested`` payload (see ``prefect_executorch.retrain``)
+    plus the deployment's spec, targets and store. The version defaults to
+    ``<spec version>-<sha256[:12]>`` of the weights, so a repeated request rebuilds nothing.
+    Nothing is promoted unless every build validated and published.
+    """
+    request = parse_request({"name": name, "weights_uri": weights_uri, "version": version, "weights_sha256": weights_sha256})
+    request.check_spec(spec)
+    work_dir = Path(output) if output else Path(tempfile.mkdtemp(prefix="prefect-executorch-retrain-"))
+    try:
+        # Fetched here first: a bad URI or checksum fails before any worker is busy, and the
+        # weights' hash fixes the version every build publishes under.
+        fetched = fetch_weights(request.weights_uri, work_dir, request.weights_sha256)
+        versioned = fetched.apply(spec, request.version or fetched.default_version(spec))
+        refs = build_matrix(versioned, targets, store, weights_uri=request.weights_uri,
+                            weights_sha256=fetched.sha256, output=output)
+    finally:
+        if output is None:
+            shutil.rmtree(work_dir, ignore_errors=True)
+    return refs

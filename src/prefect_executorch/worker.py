@@ -1,0 +1,168 @@
+"""The ``executorch`` worker type: a process worker that knows its toolchain and refuses runs it cannot build.
+
+At start it takes the probe the CLI made (``$PREFECT_EXECUTORCH_WORKER_TOOLCHAIN``) or probes in
+a child process (so the worker holds no CUDA context), and creates one concurrency limit per GPU.
+Each flow run is routed through ``placement.route``: a run that needs another CUDA channel, GPU
+arch or TensorRT version is marked Failed with a message naming both sides and is never started.
+Registered through the ``prefect.collections`` entry point, so ``prefect worker start --type
+executorch`` finds it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Optional
+
+import anyio.abc
+from prefect.client.schemas.objects import FlowRun
+from prefect.states import Failed
+from prefect.utilities.engine import propose_state
+from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, ProcessWorker, ProcessWorkerResult
+from pydantic import Field
+
+from prefect_executorch.placement import Decision, route
+from prefect_executorch.tasks.gpu import GPU_ENV, ensure_gpu_limits
+from prefect_executorch.toolchain import Toolchain
+
+WORKER_TYPE = "executorch"
+#: The probe the CLI made before starting the worker, as JSON (saves a second torch import).
+TOOLCHAIN_ENV = "PREFECT_EXECUTORCH_WORKER_TOOLCHAIN"
+#: The GPU index this worker is pinned to; its runs see only that GPU.
+WORKER_GPU_ENV = "PREFECT_EXECUTORCH_WORKER_GPU"
+#: Flow-run label prefix for what the worker advertises.
+LABEL_PREFIX = "executorch."
+
+_CHANNEL_HELP = "CUDA channel runs of this pool need: cu130, cu132 or cu134 (unset for CPU pools)."
+_SM_HELP = "GPU arch a run needs: sm80, sm90, sm100, or sm80plus for hardware-compatible engines."
+_TRT_HELP = "TensorRT version prefix a run's engines need, e.g. 11.1."
+_INSTALL_HELP = "The channel's install command, quoted when a worker lacks the toolchain."
+
+
+class ExecutorchJobConfiguration(ProcessJobConfiguration):
+    """Process job configuration plus what the run needs from its worker."""
+
+    cuda_channel: Optional[str] = Field(default=None, description=_CHANNEL_HELP)
+    sm: Optional[str] = Field(default=None, description=_SM_HELP)
+    tensorrt: Optional[str] = Field(default=None, description=_TRT_HELP)
+    install: Optional[str] = Field(default=None, description=_INSTALL_HELP)
+
+    def requirements(self) -> dict[str, str | None]:
+        """The job variables ``route`` reads."""
+        return {"cuda_channel": self.cuda_channel, "sm": self.sm, "tensorrt": self.tensorrt, "install": self.install}
+
+
+class ExecutorchVariables(ProcessVariables):
+    """Job variables a pool or deployment may set."""
+
+    cuda_channel: Optional[str] = Field(default=None, description=_CHANNEL_HELP)
+    sm: Optional[str] = Field(default=None, description=_SM_HELP)
+    tensorrt: Optional[str] = Field(default=None, description=_TRT_HELP)
+    install: Optional[str] = Field(default=None, description=_INSTALL_HELP)
+
+
+def probe_in_child() -> Toolchain:
+    """Probe in a child process: the worker itself never imports torch or touches a GPU."""
+    out = subprocess.run(
+        [sys.executable, "-m", "prefect_executorch.toolchain"], capture_output=True, text=True, timeout=300, check=True
+    ).stdout
+    return Toolchain.model_validate_json(out)
+
+
+def worker_toolchain() -> Toolchain:
+    """The toolchain the CLI passed in the environment, else a fresh probe."""
+    passed = os.environ.get(TOOLCHAIN_ENV)
+    return Toolchain.model_validate_json(passed) if passed else probe_in_child()
+
+
+def worker_gpu() -> int | None:
+    """The GPU this worker is pinned to, if any."""
+    value = os.environ.get(WORKER_GPU_ENV, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def advertised(toolchain: Toolchain, gpu_index: int | None) -> dict[str, str]:
+    """What a worker advertises: channel, SM, TensorRT, GPU (flow-run labels and worker metadata)."""
+    gpu = next((g for g in toolchain.gpus if g.index == (gpu_index or 0)), None)
+    return {
+        f"{LABEL_PREFIX}cuda_channel": toolchain.cuda_channel or "cpu",
+        f"{LABEL_PREFIX}sm": gpu.sm if gpu else "none",
+        f"{LABEL_PREFIX}tensorrt": toolchain.tensorrt or "none",
+        f"{LABEL_PREFIX}gpu": f"{gpu.index}:{gpu.name}" if gpu else "none",
+        f"{LABEL_PREFIX}host": toolchain.hostname,
+    }
+
+
+def default_worker_name(toolchain: Toolchain, gpu_index: int | None) -> str:
+    """``<host>-<channel>-<sm>-trt<version>[-gpu<i>]``, e.g. ``h200a-cu132-sm90-trt11.1.0-gpu0``."""
+    facts = advertised(toolchain, gpu_index)
+    parts = [toolchain.hostname or "worker", facts[f"{LABEL_PREFIX}cuda_channel"], facts[f"{LABEL_PREFIX}sm"],
+             "trt" + facts[f"{LABEL_PREFIX}tensorrt"]]
+    if gpu_index is not None:
+        parts.append(f"gpu{gpu_index}")
+    return "-".join(parts).replace("/", "-").replace("%", "-")
+
+
+class ExecutorchWorker(ProcessWorker):
+    """Process worker for prefect-executorch builds, matched to its CUDA channel and GPU arch."""
+
+    type = WORKER_TYPE
+    job_configuration = ExecutorchJobConfiguration  # type: ignore[assignment]
+    job_configuration_variables = ExecutorchVariables  # type: ignore[assignment]
+    _description = (
+        "Runs prefect-executorch flows as subprocesses; probes its toolchain at start and refuses "
+        "runs that need another CUDA channel, GPU arch or TensorRT version."
+    )
+    _display_name = "ExecuTorch build worker"
+    _documentation_url = "https://github.com/prefect-executorch/prefect-executorch/blob/main/docs/fleet.md"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.toolchain: Toolchain | None = None
+        self.gpu_index = worker_gpu()
+
+    async def setup(self) -> None:
+        """Probe first, so a worker that cannot probe never polls."""
+        self.toolchain = worker_toolchain()
+        self._logger.info("toolchain: %s", json.dumps(advertised(self.toolchain, self.gpu_index)))
+        await super().setup()
+        indexes = [self.gpu_index] if self.gpu_index is not None else [g.index for g in self.toolchain.gpus]
+        if indexes:
+            names = await anyio.to_thread.run_sync(ensure_gpu_limits, self.toolchain.hostname, indexes)
+            self._logger.info("one engine build at a time per GPU: concurrency limits %s", names)
+
+    async def _worker_metadata(self) -> Any:
+        metadata = await super()._worker_metadata()
+        if metadata is not None and self.toolchain is not None:
+            metadata.executorch = advertised(self.toolchain, self.gpu_index)  # type: ignore[attr-defined]
+        return metadata
+
+    def decide(self, flow_run: FlowRun, configuration: ExecutorchJobConfiguration) -> Decision:
+        """Route ``flow_run`` against this worker's toolchain."""
+        assert self.toolchain is not None, "setup() probes the toolchain before any run"
+        return route(flow_run.parameters or {}, configuration.requirements(), self._work_pool_name,
+                     flow_run.work_queue_name, self.toolchain, self.gpu_index)
+
+    async def run(
+        self,
+        flow_run: FlowRun,
+        configuration: ExecutorchJobConfiguration,  # type: ignore[override]
+        task_status: Optional[anyio.abc.TaskStatus[int]] = None,
+    ) -> ProcessWorkerResult:
+        """Refuse a mismatched run (Failed, with the reason), else run it pinned to this worker's GPU."""
+        assert self.toolchain is not None, "setup() probes the toolchain before any run"
+        labels: dict[str, bool | int | float | str] = {**advertised(self.toolchain, self.gpu_index)}
+        await self.client.update_flow_run_labels(flow_run.id, labels)
+        decision = self.decide(flow_run, configuration)
+        if not decision.accepted:
+            message = f"refused by worker {self.name!r}: {decision.reason}"
+            self.get_flow_run_logger(flow_run).error(message)
+            await propose_state(self.client, Failed(message=message), flow_run_id=flow_run.id)
+            if task_status is not None:
+                task_status.started(-1)
+            return ProcessWorkerResult(status_code=0, identifier="refused")
+        if self.gpu_index is not None:
+            configuration.env.update({"CUDA_VISIBLE_DEVICES": str(self.gpu_index), GPU_ENV: str(self.gpu_index)})
+        return await super().run(flow_run, configuration, task_status)

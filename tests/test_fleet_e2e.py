@@ -1,0 +1,281 @@
+"""The fleet for real: `prefect server start`, `prefect-executorch deploy`, workers as subprocesses.
+
+One server and one CPU worker for the module; a deployed matrix build, an event-triggered retrain
+and a run refused by a worker whose pool's channel this machine does not have. Every process is
+started with Popen and stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from prefect_executorch.artifacts.manifest import BundleKey
+from prefect_executorch.artifacts.registry import pull, read_manifest
+from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.hashing import sha256_file
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+MODEL = "small-convnet"
+
+
+def _free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGINT, timeout: float = 20) -> None:
+    """Ask ``proc`` to stop with ``sig``, then kill it by pid; never leave it running."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def _tail(path: Path, chars: int = 4000) -> str:
+    return path.read_text(errors="replace")[-chars:] if path.exists() else ""
+
+
+class Fleet:
+    """A Prefect server on a free port, its environment, and the processes started against it."""
+
+    def __init__(self, home: Path, store: str) -> None:
+        self.home, self.store = home, store
+        self.url = f"http://127.0.0.1:{_free_port()}/api"
+        self.env = {
+            **os.environ,
+            "PREFECT_HOME": str(home),
+            "PREFECT_API_URL": self.url,
+            "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DO_NOT_TRACK": "1",
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+            "PREFECT_EXECUTORCH_STORE": store,
+        }
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.health_port = 0
+
+    def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen[bytes]:
+        log = open(self.home / f"{name}.log", "wb")
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def start_server(self, timeout: float = 120) -> None:
+        port = self.url.rsplit(":", 1)[1].split("/")[0]
+        proc = self.start("server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                     "--port", port, "--analytics-off", "--no-ui"])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, _tail(self.home / "server.log")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"prefect server not healthy in {timeout} s:\n{_tail(self.home / 'server.log')}")
+
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=timeout)
+
+    def stop_all(self) -> None:
+        # Workers first (SIGINT is their graceful stop), the server last.
+        for proc in reversed(self.procs):
+            _stop(proc)
+
+
+def _variant(tmp: Path) -> Path:
+    """deployments/prefect.yaml for this machine: the CPU cell only, and one GPU pool to be refused in."""
+    config = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+    keep = {"cpu", "gpu-cu132", "small-convnet-nightly", MODEL}
+    config["deployments"] = [d for d in config["deployments"] if d["name"] in keep]
+    for deployment in config["deployments"]:
+        params = deployment.get("parameters", {})
+        if "targets" in params:
+            params["targets"] = [cell for cell in params["targets"] if cell["placement"]["channel"] == "cpu"][:1]
+    path = tmp / "prefect.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    tmp = tmp_path_factory.mktemp("fleet")
+    fleet = Fleet(tmp / "home", str(tmp / "store"))
+    fleet.home.mkdir()
+    try:
+        fleet.start_server()
+        deployed = fleet.cli("deploy", "--prefect-file", str(_variant(tmp)))
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        fleet.health_port = _free_port()
+        fleet.start("worker-cpu", [*CLI, "worker", "--pool", "cpu", "--limit", "4", "--with-healthcheck"],
+                    PREFECT_WORKER_WEBSERVER_PORT=str(fleet.health_port))
+        yield fleet
+    finally:
+        fleet.stop_all()
+    assert all(proc.poll() is not None for proc in fleet.procs)
+
+
+def _client(fleet: Fleet) -> Any:
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    class _Ctx:
+        def __enter__(self) -> Any:
+            self.settings = temporary_settings(updates={PREFECT_API_URL: fleet.url})
+            self.settings.__enter__()
+            self.client = get_client(sync_client=True).__enter__()
+            return self.client
+
+        def __exit__(self, *exc: Any) -> None:
+            self.client.__exit__(*exc)
+            self.settings.__exit__(*exc)
+
+    return _Ctx()
+
+
+def _wait_final(fleet: Fleet, flow_run_id: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    with _client(fleet) as client:
+        while True:
+            run = client.read_flow_run(flow_run_id)
+            if run.state and run.state.is_final():
+                return run
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"flow run {run.name} still {run.state_name}:\n{_tail(fleet.home / 'worker-cpu.log')}")
+            time.sleep(1)
+
+
+def _run(fleet: Fleet, deployment: str, parameters: dict[str, Any] | None = None, queue: str | None = None) -> Any:
+    with _client(fleet) as client:
+        dep = client.read_deployment_by_name(deployment)
+        run = client.create_flow_run_from_deployment(dep.id, parameters=parameters or {}, work_queue_name=queue)
+    return run.id
+
+
+def test_deployments_pools_and_schedule(fleet: Fleet) -> None:
+    with _client(fleet) as client:
+        pool = client.read_work_pool("gpu-cu132")
+        queues = {q.name for q in client.read_work_queues(work_pool_name="gpu-cu132")}
+        nightly = client.read_deployment_by_name("build-matrix/small-convnet-nightly")
+        retrain = client.read_deployment_by_name(f"retrain/{MODEL}")
+        automations = client.read_automations_by_name(f"{MODEL}__automation_1")
+    assert pool.type == "executorch"
+    assert pool.base_job_template["variables"]["properties"]["cuda_channel"]["default"] == "cu132"
+    assert {"sm80", "sm90", "sm100"} <= queues
+    assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"]
+    assert retrain.parameters["store"] == fleet.store and retrain.global_concurrency_limit.limit == 1
+    assert automations and automations[0].trigger.expect == {"model.retrain.requested"}
+
+
+def _listening(port: int) -> list[str]:
+    """Local addresses listening on ``port`` (from /proc/net/tcp, IPv4)."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.append(".".join(str(int(address[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    return found
+
+
+def test_worker_health_endpoint_is_loopback_only(fleet: Fleet) -> None:
+    deadline = time.monotonic() + 60
+    while not _listening(fleet.health_port):
+        assert time.monotonic() < deadline, _tail(fleet.home / "worker-cpu.log")
+        time.sleep(0.5)
+    assert _listening(fleet.health_port) == ["127.0.0.1"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{fleet.health_port}/health", timeout=5) as response:
+        assert response.status == 200
+
+
+def test_matrix_deployment_builds_on_the_cpu_pool(fleet: Fleet) -> None:
+    run = _wait_final(fleet, _run(fleet, "build-matrix/small-convnet-nightly"), timeout=240)
+    assert run.state.is_completed(), f"{run.state.message}\n{_tail(fleet.home / 'worker-cpu.log')}"
+    store = open_store(fleet.store)
+    key = BundleKey(name=MODEL, version="1.0.0", target="xnnpack", compat=f"cpu-xnnpack-{os.uname().machine}")
+    manifest, _ = read_manifest(store, key)
+    assert manifest.validation.passed and manifest.validation.shapes == {"forward": ["min", "opt", "max"]}
+    assert "XnnpackBackend" in manifest.methods["forward"].delegates
+    with _client(fleet) as client:
+        children = client.read_flow_runs()
+    builds = [r for r in children if r.name.startswith(f"build-{MODEL}-1.0.0-xnnpack")]
+    assert len(builds) == 1 and builds[0].state.is_completed()
+    assert builds[0].labels["executorch.cuda_channel"] == "cpu"
+    assert builds[0].work_pool_name == "cpu"
+
+
+def test_retrain_event_builds_the_new_weights(fleet: Fleet, tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "examples" / "convnet"))
+    try:
+        from model import build  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    model = build()
+    with torch.no_grad():
+        model.head.bias.add_(0.5)  # new weights: the bundle must come out different
+    weights = tmp_path / "retrained.pt"
+    torch.save(model.state_dict(), weights)
+    sha = sha256_file(weights)
+
+    emitted = fleet.cli("retrain", MODEL, "--weights", str(weights), "--reason", "e2e")
+    assert emitted.returncode == 0, emitted.stderr
+    assert "model.retrain.requested" in emitted.stdout
+
+    deadline = time.monotonic() + 240
+    with _client(fleet) as client:
+        dep = client.read_deployment_by_name(f"retrain/{MODEL}")
+        from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+        while not (runs := client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))):
+            assert time.monotonic() < deadline, "the event triggered no retrain run"
+            time.sleep(1)
+    (run,) = runs
+    assert run.parameters["weights_uri"] == str(weights) and run.parameters["weights_sha256"] == sha
+    run = _wait_final(fleet, run.id, timeout=deadline - time.monotonic())
+    assert run.state.is_completed(), f"{run.state.message}\n{_tail(fleet.home / 'worker-cpu.log')}"
+    version = f"1.0.0-{sha[:12]}"
+    key = BundleKey(name=MODEL, version=version, target="xnnpack", compat=f"cpu-xnnpack-{os.uname().machine}")
+    manifest = pull(open_store(fleet.store), key, tmp_path / "pulled")
+    assert manifest.weights_sha256 == sha and manifest.validation.passed
+
+
+def test_worker_refuses_a_run_for_a_channel_it_lacks(fleet: Fleet) -> None:
+    spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["definitions"]["small_convnet_spec"]
+    flow_run_id = _run(fleet, "build-bundle/gpu-cu132", queue="sm90", parameters={
+        "spec": spec, "store": fleet.store, "placement": {"channel": "cu132", "sm": "sm90"}})
+    worker = fleet.start("worker-cu132", [*CLI, "worker", "--pool", "gpu-cu132", "--queue", "sm90", "--run-once"])
+    worker.wait(120)
+    run = _wait_final(fleet, flow_run_id, timeout=30)
+    log = _tail(fleet.home / "worker-cu132.log")
+    assert run.state.is_failed(), log
+    message = run.state.message
+    assert "needs CUDA channel cu132 (parameter placement.channel)" in message
+    assert "needs GPU arch sm90" in message
+    assert f"this worker is no CUDA (torch {torch.__version__})" in message
+    assert "--index-url https://download.pytorch.org/whl/nightly/cu132" in message
+    assert run.labels["executorch.cuda_channel"] == "cpu"
+    assert not list(Path(fleet.store).glob(f"{MODEL}/*/*/cu132*"))  # nothing was built
