@@ -71,3 +71,7 @@ class PreconditionFailed(BundleConflict):
         super().__init__(message)
         self.key = key
         self.current_etag = current_etag
+
+
+class InvalidProgram(PrefectExecutorchError):
+    """A file is not a readable ExecuTorch program (wrong format, truncated)."""
