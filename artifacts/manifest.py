@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from prefect_executorch import __version__
+from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.program import MethodFacts
 from prefect_executorch.errors import SpecError
 from prefect_executorch.report import ValidationSummary
@@ -80,6 +81,7 @@ class MethodEntry(BaseModel):
     delegates: list[str]
     kernel_calls: int
     operators: list[str] = Field(default_factory=list)
+    delegation: DelegationFacts | None = Field(None, description="Operators delegated, counted at export.")
 
 
 class Manifest(BaseModel):
@@ -119,6 +121,10 @@ class Manifest(BaseModel):
         """Delegate list per method."""
         return {name: method.delegates for name, method in self.methods.items()}
 
+    def delegation(self) -> dict[str, DelegationFacts]:
+        """Operators delegated per method, for the methods whose counts were recorded."""
+        return {name: method.delegation for name, method in self.methods.items() if method.delegation is not None}
+
 
 def user_at_host() -> str:
     """``user@host`` of this process, for the records of who built or moved what."""
@@ -129,7 +135,11 @@ def user_at_host() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def method_entries(inputs: dict[str, list[InputSpec]], facts: dict[str, MethodFacts]) -> dict[str, MethodEntry]:
+def method_entries(
+    inputs: dict[str, list[InputSpec]],
+    facts: dict[str, MethodFacts],
+    delegation: dict[str, DelegationFacts] | None = None,
+) -> dict[str, MethodEntry]:
     """Manifest entries for the methods of a program."""
     return {
         name: MethodEntry(
@@ -137,6 +147,7 @@ def method_entries(inputs: dict[str, list[InputSpec]], facts: dict[str, MethodFa
             delegates=fact.delegates,
             kernel_calls=fact.kernel_calls,
             operators=sorted(set(fact.operators)),
+            delegation=(delegation or {}).get(name),
         )
         for name, fact in facts.items()
     }

@@ -20,6 +20,7 @@ from prefect_executorch.artifacts.manifest import (
     platform_facts,
 )
 from prefect_executorch.artifacts.store import ObjectStore
+from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import BundleConflict, BundleNotFound, IntegrityError, ObjectExists
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.hashing import sha256_bytes, sha256_file
@@ -170,7 +171,7 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
         files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE]),
         program=export.program,
         data_files=export.data_files,
-        methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods),
+        methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods, export.delegation),
         toolchain=toolchain.versions(),
         platform=platform_facts(toolchain),
         runtime_hints=target.runtime_hints(spec),
@@ -200,8 +201,9 @@ def verify_bundle_dir(bundle_dir: Path) -> Manifest:
     return manifest
 
 
-def bundle_data_files(bundle_dir: Path) -> list[str]:
-    """The .ptd files a bundle's program loads with: from its verified manifest, else those present."""
+def local_bundle(bundle_dir: Path) -> tuple[list[str], dict[str, DelegationFacts]]:
+    """The .ptd files and delegation counts of a local bundle: from its verified manifest, else the .ptd files present."""
     if (bundle_dir / MANIFEST_FILE).exists():
-        return verify_bundle_dir(bundle_dir).data_files
-    return sorted(p.name for p in bundle_dir.glob("*.ptd"))
+        manifest = verify_bundle_dir(bundle_dir)
+        return manifest.data_files, manifest.delegation()
+    return sorted(p.name for p in bundle_dir.glob("*.ptd")), {}

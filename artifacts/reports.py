@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from pydantic import BaseModel
 
 from prefect_executorch.report import ValidationReport
 
@@ -12,38 +15,53 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", "-".join(parts).lower())).strip("-")[:100]
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
+def cell(value: Any, column: str = "") -> str:
+    """A table cell: floats to three significant digits (cosines to six decimals), None as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6f}" if column.endswith("cosine") else f"{value:.3g}"
+    return str(value)
+
+
+def _markdown_table(rows: list[BaseModel]) -> list[str]:
+    if not rows:
+        return []
+    columns = list(type(rows[0]).model_fields)
+    lines = ["| " + " | ".join(c.replace("_", " ") for c in columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(cell(getattr(row, c), c).replace("|", "\\|") for c in columns) + " |")
+    return lines
 
 
 def validation_markdown(title: str, report: ValidationReport) -> str:
-    """A markdown table per method x shape: worst error, cosine, pass/fail."""
+    """The program facts per method, a table per method x shape, the gates and the worst output."""
     lines = [f"# Validation: {title}", "", f"**{'PASSED' if report.passed else 'FAILED'}**, "
-             f"{len(report.cases)} cases, program loaded in {report.load_seconds:.2f} s", ""]
-    for method, delegates in report.delegates.items():
-        lines.append(f"- `{method}` delegates: {delegates or 'none (portable kernels)'}")
-    lines += ["", "| method | shape | inputs | sample | output | max abs | max rel | cosine | result |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for case in report.cases:
-        if case.error:
-            lines.append(f"| {case.method} | {case.shape_label} | {case.input_shapes} | {case.sample} | - | - | - | - "
-                         f"| FAIL: {case.error.splitlines()[0]} |")
-        for out in case.outputs:
-            verdict = "pass" if out.passed else f"FAIL: {out.reason}"
-            lines.append(f"| {case.method} | {case.shape_label} | {case.input_shapes} | {case.sample} | `{out.path}` "
-                         f"| {_fmt(out.max_abs)} | {_fmt(out.max_rel)} | {_fmt(out.cosine)} | {verdict} |")
+             f"{len(report.cases)} cases, program loaded in {report.load_seconds:.2f} s, "
+             f"{'with' if report.used_data_file else 'without'} a .ptd", "", "## Methods", ""]
+    lines += _markdown_table(list(report.method_rows()))
+    lines += ["", "## Method x shape", ""]
+    lines += _markdown_table(list(report.shape_rows()))
+    if report.gates:
+        lines += ["", "## Gates", ""]
+        lines += [f"- {'pass' if gate.passed else '**FAIL**'}: {gate.describe()}" for gate in report.gates]
     worst = report.describe_worst()
     if worst:
         lines += ["", f"Worst: {worst}"]
     return "\n".join(lines)
 
 
-def publish_validation_artifact(title: str, report: ValidationReport) -> None:
-    """Attach the validation table to the current Prefect run."""
-    from prefect.artifacts import create_markdown_artifact
+def publish_validation_artifacts(title: str, report: ValidationReport) -> None:
+    """Attach the markdown report and a table (one row per method x shape) to the current Prefect run."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     create_markdown_artifact(
         key=artifact_key("validation", title),
         markdown=validation_markdown(title, report),
         description=f"Validation of {title} against eager PyTorch",
+    )
+    create_table_artifact(
+        key=artifact_key("validation-table", title),
+        table=[row.model_dump() for row in report.shape_rows()],
+        description=f"Validation of {title}: worst error per method x shape",
     )

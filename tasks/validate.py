@@ -1,4 +1,4 @@
-"""Validate the exported program against eager PyTorch; a failed report stops the flow."""
+"""Validate an exported or pulled program against eager PyTorch; a failed report stops the flow."""
 
 from __future__ import annotations
 
@@ -6,18 +6,36 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.artifacts.reports import publish_validation_artifact
+from prefect_executorch.artifacts.manifest import Manifest
+from prefect_executorch.artifacts.reports import publish_validation_artifacts
+from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.validator import require_passed, validate_program
 
 
-@task(name="validate")
-def validate_export(spec: BuildSpec, export: ExportedProgramDir, scratch_dir: Path) -> ValidationReport:
-    """Run program and eager model on the same inputs; attach the table; fail if any case failed."""
-    report = validate_program(spec, export.path, export.data_files, scratch_dir=scratch_dir)
-    publish_validation_artifact(f"{spec.name}-{spec.version}-{spec.target_name}", report)
-    get_run_logger().info("validation %s: %s", "passed" if report.passed else "FAILED", report.describe_worst())
+def _validate(
+    spec: BuildSpec, title: str, bundle_dir: Path, data_files: list[str], delegation: dict[str, DelegationFacts],
+    scratch_dir: Path,
+) -> ValidationReport:
+    report = validate_program(spec, bundle_dir, data_files, scratch_dir=scratch_dir, delegation=delegation)
+    publish_validation_artifacts(title, report)
+    get_run_logger().info("validation of %s %s: %s", title, "passed" if report.passed else "FAILED",
+                          report.describe_worst())
     require_passed(report)
     return report
+
+
+@task(name="validate")
+def validate_export(spec: BuildSpec, export: ExportedProgramDir, scratch_dir: Path) -> ValidationReport:
+    """Run program and eager model on the same inputs; attach the tables; fail if a case or gate failed."""
+    title = f"{spec.name}-{spec.version}-{spec.target_name}"
+    return _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir)
+
+
+@task(name="revalidate")
+def validate_pulled(spec: BuildSpec, manifest: Manifest, bundle_dir: Path, scratch_dir: Path) -> ValidationReport:
+    """Re-run a pulled bundle against the current eager model; fail if a case or gate failed."""
+    title = f"revalidate-{manifest.key.prefix}"
+    return _validate(spec, title, bundle_dir, manifest.data_files, manifest.delegation(), scratch_dir)

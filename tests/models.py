@@ -100,3 +100,37 @@ class NeedsPickle:
 
     def __init__(self) -> None:
         self.payload = [1, 2, 3]
+
+
+class Mixed(nn.Module):
+    """XNNPACK takes the linears and the sigmoid, not topk, cumsum or the comparison."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(16, 16)
+        self.l2 = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        s = torch.sigmoid(self.l1(x))
+        values, indices = torch.topk(s, 4, dim=-1)
+        return {"logits": self.l2(torch.cumsum(s, dim=-1)), "top": [indices, values > 0.5]}
+
+
+def mixed() -> nn.Module:
+    """Nested dict output with float, int64 and bool leaves; two operators XNNPACK leaves to portable."""
+    torch.manual_seed(3)
+    return Mixed()
+
+
+def mixed_dataset() -> object:
+    """Three real-looking samples of different batch sizes for ``mixed``."""
+    generator = torch.Generator().manual_seed(7)
+    return ((torch.rand(batch, 16, generator=generator) * 4 - 2,) for batch in (1, 4, 6))
+
+
+def sleepy_dataset() -> object:
+    """A dataset that never yields: validation must time out, not hang."""
+    import time
+
+    time.sleep(3600)
+    return []

@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from prefect_executorch.errors import PrefectExecutorchError
@@ -84,38 +85,91 @@ def build(
     console.print(f"validation: {manifest.validation.cases} cases passed; worst: {manifest.validation.worst}")
 
 
-def _print_report(report: Any) -> None:
-    table = Table(title="validation against eager PyTorch")
-    for column in ("method", "shape", "inputs", "sample", "output", "max abs", "cosine", "result"):
-        table.add_column(column)
-    for case in report.cases:
-        if case.error:
-            table.add_row(case.method, case.shape_label, str(case.input_shapes), str(case.sample), "-", "-", "-",
-                          f"[red]{case.error}[/]")
-        for out in case.outputs:
-            cosine = "-" if out.cosine is None else f"{out.cosine:.6f}"
-            result = "[green]pass[/]" if out.passed else f"[red]{out.reason}[/]"
-            table.add_row(case.method, case.shape_label, str(case.input_shapes), str(case.sample), out.path,
-                          f"{out.max_abs:.3g}", cosine, result)
-    console.print(table)
+def _rows_table(title: str, rows: list[Any]) -> Table:
+    from rich.text import Text
+
+    from prefect_executorch.artifacts.reports import cell
+
+    table = Table(title=title)
+    columns = list(type(rows[0]).model_fields) if rows else []
+    for column in columns:
+        table.add_column(column.replace("_", " "))
+    for row in rows:
+        values = [cell(getattr(row, column), column) for column in columns]
+        table.add_row(*(Text(v, style="red" if v.startswith("FAIL") else "green" if v == "pass" else "") for v in values))
+    return table
+
+
+def print_report(report: Any) -> None:
+    """The validation report as rich tables: methods, method x shape, gates and the worst output."""
+    console.print(_rows_table("program vs eager PyTorch, per method", report.method_rows()))
+    console.print(_rows_table("per method x shape (worst over samples and outputs)", report.shape_rows()))
+    for gate in report.gates:
+        console.print(f"[{'green]pass' if gate.passed else 'red]FAIL'}[/] {escape(gate.describe())}")
+    console.print(f"worst: {escape(report.describe_worst() or '-')}")
+
+
+def _revalidation_notes(spec: Any, manifest: Any) -> None:
+    if manifest.spec_sha256 != spec.sha256():
+        console.print(f"note: the spec differs from the one that built {manifest.key.prefix}")
+    if spec.weights and manifest.weights_sha256:
+        from prefect_executorch.hashing import sha256_file
+
+        if sha256_file(spec.weights) != manifest.weights_sha256:
+            console.print(f"note: the weights differ from those {manifest.key.prefix} was built from")
 
 
 @app.command()
 @handle_errors
 def validate(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
-    bundle_dir: Path = typer.Argument(..., help="Directory with model.pte (a pulled bundle or an export)."),
+    bundle_dir: Optional[Path] = typer.Argument(None, help="Directory with model.pte (a pulled bundle or an export)."),
+    bundle: Optional[str] = typer.Option(
+        None, "--bundle", help="A published bundle: <store-url-or-dir>/<name>/<version>/<target>/<compat>/manifest.json; "
+        "pulled, verified, then re-validated against the current eager model.",
+    ),
+    output: Optional[Path] = typer.Option(None, "--output", help="Pull --bundle under this directory (default: temporary)."),
+    report_path: Optional[Path] = typer.Option(None, "--report", help="Also write the report as JSON to this file."),
 ) -> None:
-    """Run the program in BUNDLE_DIR and the eager model on the same inputs; exit 1 on mismatch."""
-    from prefect_executorch.artifacts.registry import bundle_data_files
+    """Run a program and the eager model on the same inputs; exit 1 on a mismatch or a failed gate."""
+    import shutil
+    import tempfile
+    import uuid
+
+    from prefect_executorch.errors import SpecError
     from prefect_executorch.spec import load_spec
     from prefect_executorch.validator import require_passed, validate_program
 
+    if (bundle_dir is None) == (bundle is None):
+        raise SpecError("validate: give either BUNDLE_DIR or --bundle <.../manifest.json>, not both or neither")
     spec = load_spec(spec_path)
     spec.check_model_reference()
-    report = validate_program(spec, bundle_dir, bundle_data_files(bundle_dir), scratch_dir=bundle_dir.parent)
-    _print_report(report)
-    require_passed(report)
+    root = output or Path(tempfile.mkdtemp(prefix="prefect-executorch-validate-"))
+    try:
+        if bundle is not None:
+            from prefect_executorch.artifacts.locate import parse_manifest_url
+            from prefect_executorch.artifacts.registry import pull
+            from prefect_executorch.artifacts.store import open_store
+
+            store, key = parse_manifest_url(bundle)
+            bundle_dir = root / f"{key.prefix.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
+            manifest = pull(open_store(store), key, bundle_dir)
+            console.print(f"pulled and verified {key.prefix} ({len(manifest.files)} files) into {bundle_dir}")
+            _revalidation_notes(spec, manifest)
+            data_files, delegation = manifest.data_files, manifest.delegation()
+        else:
+            from prefect_executorch.artifacts.registry import local_bundle
+
+            assert bundle_dir is not None
+            data_files, delegation = local_bundle(bundle_dir)
+        report = validate_program(spec, bundle_dir, data_files, scratch_dir=root, delegation=delegation)
+        if report_path is not None:
+            report_path.write_text(report.model_dump_json(indent=2))
+        print_report(report)
+        require_passed(report)
+    finally:
+        if output is None:
+            shutil.rmtree(root, ignore_errors=True)
     console.print("[bold green]validation passed[/]")
 
 

@@ -1,14 +1,23 @@
-"""Compare every output of a program call with eager PyTorch's."""
+"""Compare every output of a program call with eager PyTorch's, leaf by leaf, by pytree path."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prefect_executorch.report import OutputComparison
 from prefect_executorch.spec import DEFAULT_MIN_COSINE, DEFAULT_TOLERANCES, ValidationSpec
 
 if TYPE_CHECKING:
     import torch
+
+
+class Limits(NamedTuple):
+    """The tolerances one float output is held to, and the spec field they came from."""
+
+    atol: float
+    rtol: float
+    min_cosine: float
+    source: str
 
 
 def flatten_with_paths(value: Any) -> list[tuple[str, Any]]:
@@ -19,12 +28,56 @@ def flatten_with_paths(value: Any) -> list[tuple[str, Any]]:
     return [(keystr(path) or "[0]", leaf) for path, leaf in leaves]
 
 
+def program_outputs_with_paths(outputs: list[Any], output_spec: str | None) -> list[tuple[str, Any]] | None:
+    """The program's flat outputs with the paths of the structure the program recorded; None if unknown."""
+    if not output_spec:
+        return None
+    from torch.utils._pytree import treespec_loads, tree_unflatten
+
+    try:
+        spec = treespec_loads(output_spec)
+    except Exception:  # noqa: BLE001 - a structure of types this process cannot rebuild: pair by position
+        return None
+    if spec.num_leaves != len(outputs):
+        return None
+    return flatten_with_paths(tree_unflatten(list(outputs), spec))
+
+
+def limits_for(spec: ValidationSpec, method: str, path: str, dtype: str) -> Limits:
+    """Tolerances for one output: dtype defaults < validation < dtypes < outputs < methods.<m>.outputs."""
+    atol, rtol = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["float32"])
+    limits = {"atol": atol, "rtol": rtol, "min_cosine": DEFAULT_MIN_COSINE.get(dtype, 0.999)}
+    source = f"default for {dtype}"
+    method_settings = spec.methods.get(method)
+    layers = [
+        ("validation", spec),
+        (f"validation.dtypes.{dtype}", spec.dtypes.get(dtype)),  # type: ignore[call-overload]
+        (f"validation.outputs[{path!r}]", spec.outputs.get(path)),
+        (f"validation.methods.{method}.outputs[{path!r}]", method_settings.outputs.get(path) if method_settings else None),
+    ]
+    for name, layer in layers:
+        given = {key: getattr(layer, key) for key in limits if layer is not None and getattr(layer, key) is not None}
+        if given:
+            limits.update(given)
+            source = name
+    return Limits(limits["atol"], limits["rtol"], limits["min_cosine"], source)
+
+
 def _dtype_name(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
 
-def compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor, spec: ValidationSpec) -> OutputComparison:
-    """Compare one program output with its eager counterpart."""
+def _failed(path: str, reason: str, expected: Any = None, actual: Any = None) -> OutputComparison:
+    def facts(value: Any) -> tuple[list[int], str]:
+        return (list(value.shape), _dtype_name(value)) if hasattr(value, "dtype") else ([], type(value).__name__)
+
+    (want_shape, want_dtype), (got_shape, got_dtype) = facts(expected), facts(actual)
+    return OutputComparison(path=path, expected_shape=want_shape, actual_shape=got_shape, expected_dtype=want_dtype,
+                            actual_dtype=got_dtype, passed=False, reason=reason)
+
+
+def compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor, limits: Limits) -> OutputComparison:
+    """Compare one program output with its eager counterpart; ints and bools must match exactly."""
     import torch
 
     dtype = _dtype_name(expected)
@@ -48,15 +101,13 @@ def compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor, spec
             **base,
             max_abs=float(max_abs),
             mismatch_fraction=fraction,
+            tolerance_source=f"exact for {dtype}",
             passed=fraction == 0.0,
             reason=None if fraction == 0.0 else f"{fraction:.2%} of elements differ (exact match required for {dtype})",
         )
-    default_atol, default_rtol = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["float32"])
-    atol = default_atol if spec.atol is None else spec.atol
-    rtol = default_rtol if spec.rtol is None else spec.rtol
-    min_cosine = DEFAULT_MIN_COSINE.get(dtype, 0.999) if spec.min_cosine is None else spec.min_cosine
+    atol, rtol, min_cosine, source = limits
     a, e = actual.double(), expected.double()
-    tolerances = dict(atol=atol, rtol=rtol, min_cosine=min_cosine)
+    tolerances = dict(atol=atol, rtol=rtol, min_cosine=min_cosine, tolerance_source=source)
     nan_mismatch = bool((a.isnan() != e.isnan()).any() or (a.isinf() != e.isinf()).any()
                         or (a.isinf() & e.isinf() & (a.sign() != e.sign())).any())
     if nan_mismatch:
@@ -78,27 +129,41 @@ def compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor, spec
         cosine = 1.0 if torch.equal(a, e) else 0.0
     reason = None
     if fraction > 0:
-        reason = (f"{fraction:.2%} of elements beyond atol={atol:g} + rtol={rtol:g}*|eager| "
+        reason = (f"{fraction:.2%} of elements beyond atol={atol:g} + rtol={rtol:g}*|eager| from {source} "
                   f"(max abs error {max_abs:.3g}, max rel error {max_rel:.3g})")
     elif cosine is not None and cosine < min_cosine:
-        reason = f"cosine similarity {cosine:.6f} < min_cosine {min_cosine:g}"
+        reason = f"cosine similarity {cosine:.6f} < min_cosine {min_cosine:g} from {source}"
     return OutputComparison(**base, **tolerances, max_abs=max_abs, max_rel=max_rel, mismatch_fraction=fraction,
                             cosine=cosine, passed=reason is None, reason=reason)
 
 
-def compare_outputs(actual: list[Any], expected: Any, spec: ValidationSpec) -> list[OutputComparison]:
-    """Compare a program's flat outputs with eager's (possibly nested) result, leaf by leaf."""
+def compare_outputs(
+    actual: list[Any], expected: Any, spec: ValidationSpec, method: str = "forward", output_spec: str | None = None
+) -> list[OutputComparison]:
+    """Compare a program's flat outputs with eager's (possibly nested) result, matched by pytree path.
+
+    ``output_spec`` is the output structure the program recorded; with it, outputs pair by path, so a
+    structure that differs from eager's (a missing key, another order) is named instead of misread.
+    """
     import torch
 
-    leaves = flatten_with_paths(expected)
-    if len(actual) != len(leaves):
-        return [OutputComparison(
-            path="*", expected_shape=[], actual_shape=[], expected_dtype="", actual_dtype="", passed=False,
-            reason=f"program returned {len(actual)} outputs, eager returned {len(leaves)}",
-        )]
+    want = flatten_with_paths(expected)
+    got = program_outputs_with_paths(actual, output_spec)
+    if got is None:
+        if len(actual) != len(want):
+            return [_failed("*", f"program returned {len(actual)} outputs, eager returned {len(want)}")]
+        got = [(path, value) for (path, _), value in zip(want, actual)]
+    got_by_path = dict(got)
     results = []
-    for (path, want), got in zip(leaves, actual):
-        want_t = want if isinstance(want, torch.Tensor) else torch.tensor(want)
-        got_t = got if isinstance(got, torch.Tensor) else torch.tensor(got)
-        results.append(compare_tensor(path, got_t, want_t, spec))
+    for path, value in want:
+        if path not in got_by_path:
+            results.append(_failed(path, f"the program has no output at {path}; its outputs are {[p for p, _ in got]}",
+                                   expected=value))
+            continue
+        want_t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+        got_value = got_by_path.pop(path)
+        got_t = got_value if isinstance(got_value, torch.Tensor) else torch.tensor(got_value)
+        results.append(compare_tensor(path, got_t, want_t, limits_for(spec, method, path, _dtype_name(want_t))))
+    results.extend(_failed(path, f"the program returns an output at {path} that eager does not", actual=value)
+                   for path, value in got_by_path.items())
     return results

@@ -79,3 +79,7 @@ class BuildFailed(PrefectExecutorchError):
 
 class DeployFailed(PrefectExecutorchError):
     """Creating work pools or deployments on the Prefect server failed."""
+
+
+class InvalidProgram(PrefectExecutorchError):
+    """A file is not a readable ExecuTorch program (wrong format, truncated)."""

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import ChildProcessFailed, ExportFailed
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.isolation import run_isolated
@@ -32,6 +33,9 @@ class ExportedProgramDir(BaseModel):
     program: str = PROGRAM_FILE
     data_files: list[str] = Field(default_factory=list, description="The .ptd files beside the .pte.")
     methods: dict[str, MethodFacts]
+    delegation: dict[str, DelegationFacts] = Field(
+        default_factory=dict, description="Operators delegated per method (empty when the target cannot tell)."
+    )
     weights_sha256: str | None = None
     seconds: float
     warnings: list[str] = Field(default_factory=list)
@@ -71,7 +75,7 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
                     f"torch.export of method {name!r} with inputs ({shapes}) failed: {type(exc).__name__}: {exc}\n"
                     f"check that methods.{name}.inputs (shapes, dtypes, dynamic dims) match what the model takes"
                 ) from exc
-        target.lower(programs, spec, out_dir)
+        delegation = target.lower(programs, spec, out_dir)
     pte = out_dir / PROGRAM_FILE
     if not pte.is_file():
         raise ExportFailed(f"target {target.name!r} wrote no {PROGRAM_FILE} into {out_dir}")
@@ -82,6 +86,7 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
         out_dir=str(out_dir),
         data_files=data_files,
         methods=read_program(pte),
+        delegation=delegation or {},
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,
         seconds=time.monotonic() - started,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from prefect_executorch.errors import SpecError
 from prefect_executorch.spec import FLOAT_DTYPES, InputSpec, MethodSpec
 
 if TYPE_CHECKING:
@@ -43,38 +44,44 @@ def dynamic_shapes(method: MethodSpec) -> tuple[dict[int, Any] | None, ...] | No
     return tuple(result)
 
 
-def shape_points(method: MethodSpec) -> list[tuple[str, Shapes]]:
-    """The shapes validation runs: ``static``, or ``min``/``opt``/``max`` of every dynamic dim."""
+def shape_points(method: MethodSpec, extra_shapes: list[Shapes] | None = None) -> list[tuple[str, Shapes]]:
+    """The shapes validation runs: ``static`` or ``min``/``opt``/``max`` of every dynamic dim, then ``extra[i]``."""
     if not any(i.dynamic for i in method.inputs):
-        return [("static", [list(i.shape) for i in method.inputs])]
-    points: list[tuple[str, Shapes]] = []
-    for label in ("min", "opt", "max"):
-        shapes: Shapes = []
-        for spec in method.inputs:
-            shape = list(spec.shape)
-            for index, dim in spec.dynamic.items():
-                shape[index] = {"min": dim.min, "opt": dim.opt or spec.shape[index], "max": dim.max}[label]
-            shapes.append(shape)
-        if all(shapes != seen for _, seen in points):
-            points.append((label, shapes))
+        points = [("static", [list(i.shape) for i in method.inputs])]
+    else:
+        points = []
+        for label in ("min", "opt", "max"):
+            shapes: Shapes = []
+            for spec in method.inputs:
+                shape = list(spec.shape)
+                for index, dim in spec.dynamic.items():
+                    shape[index] = {"min": dim.min, "opt": dim.opt or spec.shape[index], "max": dim.max}[label]
+                shapes.append(shape)
+            if all(shapes != seen for _, seen in points):
+                points.append((label, shapes))
+    points.extend((f"extra[{index}]", [list(s) for s in extra]) for index, extra in enumerate(extra_shapes or []))
     return points
 
 
 def random_tensor(spec: InputSpec, shape: list[int], generator: torch.Generator) -> torch.Tensor:
-    """Seeded random values for one input, drawn as the spec says."""
+    """Seeded random values for one input, drawn within the spec's ``low``/``high`` as its distribution says."""
     import torch
 
     dtype = torch_dtype(spec.dtype)
     if spec.dtype == "bool":
         return torch.randint(0, 2, shape, generator=generator).bool()
     distribution = spec.distribution or ("uniform" if spec.dtype in FLOAT_DTYPES else "int_range")
-    if distribution == "int_range" or spec.dtype not in FLOAT_DTYPES:
+    if distribution == "int_range":
         low = int(spec.low if spec.low is not None else 0)
         high = int(spec.high if spec.high is not None else 10)
         return torch.randint(low, high, shape, generator=generator).to(dtype)
     if distribution == "normal":
-        mean = ((spec.low or 0.0) + (spec.high or 0.0)) / 2 if spec.low is not None and spec.high is not None else 0.0
-        return (torch.randn(shape, generator=generator) + mean).to(dtype)
+        if spec.low is None or spec.high is None:
+            return torch.randn(shape, generator=generator).to(dtype)
+        # Six standard deviations span the range; the rare tail is clipped so no value leaves it.
+        mean, std = (spec.low + spec.high) / 2, (spec.high - spec.low) / 6
+        values = torch.randn(shape, generator=generator) * std + mean
+        return values.clamp(spec.low, spec.high).to(dtype)
     low = spec.low if spec.low is not None else -1.0
     high = spec.high if spec.high is not None else 1.0
     return (torch.rand(shape, generator=generator) * (high - low) + low).to(dtype)
@@ -91,3 +98,63 @@ def example_inputs(method: MethodSpec, seed: int = 0) -> tuple[torch.Tensor, ...
 
     generator = torch.Generator().manual_seed(seed)
     return random_inputs(method, [list(i.shape) for i in method.inputs], generator)
+
+
+def check_sample(method: MethodSpec, sample: Any, where: str) -> tuple[torch.Tensor, ...]:
+    """A user-supplied sample as a tuple of tensors, refused unless it fits the method's declared inputs."""
+    import torch
+
+    values = (sample,) if isinstance(sample, torch.Tensor) else sample
+    if not isinstance(values, (tuple, list)) or not all(isinstance(v, torch.Tensor) for v in values):
+        raise SpecError(f"{where}: expected a tuple of tensors (one per input), got {type(sample).__name__}")
+    if len(values) != len(method.inputs):
+        names = [i.name for i in method.inputs]
+        raise SpecError(f"{where}: {len(values)} tensors for {len(names)} inputs {names}; give one tensor per input")
+    for tensor, spec in zip(values, method.inputs):
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype != spec.dtype or not spec.accepts_shape(tuple(tensor.shape)):
+            raise SpecError(
+                f"{where}: input {spec.name!r} is {dtype} {list(tensor.shape)}, the method declares "
+                f"{spec.dtype} {spec.describe_shape()}; fix the sample or the method's inputs"
+            )
+    return tuple(t.contiguous() for t in values)
+
+
+def load_samples_file(path: str, method: MethodSpec, field: str) -> list[tuple[torch.Tensor, ...]]:
+    """The input tuples saved in ``path`` (``torch.save([(x, y), ...])``), loaded without pickle."""
+    import pickle
+
+    import torch
+
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise SpecError(f"{field}: file {path!r} does not exist") from None
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError(
+            f"{field}: {path!r} cannot be loaded with torch.load(weights_only=True): {first}; "
+            "save a list of tuples of tensors with torch.save"
+        ) from None
+    if isinstance(data, torch.Tensor) or not isinstance(data, (list, tuple)) or not data:
+        raise SpecError(f"{field}: {path!r} holds {type(data).__name__}, expected a non-empty list of input tuples")
+    return [check_sample(method, sample, f"{field}[{index}]") for index, sample in enumerate(data)]
+
+
+def load_dataset(reference: str, method: MethodSpec, field: str, limit: int) -> list[tuple[torch.Tensor, ...]]:
+    """Up to ``limit`` input tuples from the user's dataset factory (a function returning an iterable)."""
+    from prefect_executorch.modelref import load_factory
+
+    produced = load_factory(reference, field)()
+    try:
+        iterable = iter(produced)
+    except TypeError:
+        raise SpecError(f"{field}: {reference!r} returned {type(produced).__name__}, expected an iterable of input tuples") from None
+    samples = []
+    for index, sample in enumerate(iterable):
+        if index == limit:
+            break
+        samples.append(check_sample(method, sample, f"{field} sample {index}"))
+    if not samples:
+        raise SpecError(f"{field}: {reference!r} yielded no samples")
+    return samples

@@ -18,29 +18,29 @@ if TYPE_CHECKING:
     from prefect_executorch.spec import BuildSpec
 
 
-def load_factory(reference: str) -> Callable[[], Any]:
-    """Import ``module:factory`` or ``path/file.py:factory`` and return the factory."""
+def load_factory(reference: str, field: str = "model") -> Callable[[], Any]:
+    """Import ``module:factory`` or ``path/file.py:factory`` (the spec's ``field``) and return the factory."""
     module_name, _, factory_name = reference.rpartition(":")
     try:
         if module_name.endswith(".py"):
             unique = "_prefect_executorch_model_" + hashlib.sha256(module_name.encode()).hexdigest()[:12]
             spec = importlib.util.spec_from_file_location(unique, module_name)
             if spec is None or spec.loader is None:
-                raise SpecError(f"model: cannot load {module_name!r} as a Python file")
+                raise SpecError(f"{field}: cannot load {module_name!r} as a Python file")
             module = importlib.util.module_from_spec(spec)
             sys.modules[unique] = module
             spec.loader.exec_module(module)
         else:
             module = importlib.import_module(module_name)
     except FileNotFoundError:
-        raise SpecError(f"model: file {module_name!r} does not exist") from None
+        raise SpecError(f"{field}: file {module_name!r} does not exist") from None
     except ModuleNotFoundError as exc:
-        raise SpecError(f"model: cannot import {module_name!r}: {exc}") from None
+        raise SpecError(f"{field}: cannot import {module_name!r}: {exc}") from None
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise SpecError(
-            f"model: {module_name!r} has no callable {factory_name!r}; "
-            "name a function that returns a torch.nn.Module"
+            f"{field}: {module_name!r} has no callable {factory_name!r}; "
+            + ("name a function that returns a torch.nn.Module" if field == "model" else "name a function")
         )
     return factory  # type: ignore[no-any-return]
 

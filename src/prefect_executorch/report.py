@@ -1,8 +1,10 @@
-"""Validation results: per output, per case, per program."""
+"""Validation results: per output, per case, per gate, per program."""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
+
+from prefect_executorch.delegation import DelegationFacts
 
 
 class OutputComparison(BaseModel):
@@ -20,16 +22,22 @@ class OutputComparison(BaseModel):
     atol: float = 0.0
     rtol: float = 0.0
     min_cosine: float | None = None
+    tolerance_source: str | None = Field(None, description="The spec field the tolerances came from.")
     passed: bool
     reason: str | None = Field(None, description="Why it failed, naming the broken tolerance.")
 
 
 class CaseResult(BaseModel):
-    """One call of one method at one shape with one sample."""
+    """One call of one method on one input tuple."""
 
     method: str
-    shape_label: str = Field(description="'static', 'min', 'opt', 'max' or 'sample'.")
+    shape_label: str = Field(
+        description="'static', 'min', 'opt', 'max', 'extra[i]' (random inputs) or 'samples_file', 'dataset'."
+    )
     input_shapes: list[list[int]]
+    input_ranges: list[list[float] | None] = Field(
+        default_factory=list, description="[min, max] of each input's values (None for an empty input)."
+    )
     sample: int
     outputs: list[OutputComparison] = Field(default_factory=list)
     error: str | None = Field(None, description="Why the call itself failed, if it did.")
@@ -38,6 +46,69 @@ class CaseResult(BaseModel):
     def passed(self) -> bool:
         """Whether the call ran and every output matched."""
         return self.error is None and all(o.passed for o in self.outputs)
+
+    @property
+    def where(self) -> str:
+        """The method, shape label and input shapes of this case, in words."""
+        return f"{self.method} at {self.shape_label} {self.input_shapes} (sample {self.sample})"
+
+
+class LatencyResult(BaseModel):
+    """Warm latency of one method, eager vs program, measured in the same process."""
+
+    method: str
+    shape_label: str
+    input_shapes: list[list[int]]
+    runs: int
+    eager_median_ms: float
+    eager_p90_ms: float
+    program_median_ms: float
+    program_p90_ms: float
+    ratio: float = Field(description="Program median / eager median.")
+
+
+class GateResult(BaseModel):
+    """One gate on one method: a measured figure against the spec's limit."""
+
+    gate: str = Field(description="The spec field: 'min_delegated_fraction' or 'max_latency_ratio'.")
+    method: str
+    measured: float | None = Field(description="The figure; None when it could not be measured.")
+    limit: float
+    passed: bool
+    detail: str = Field(description="What was measured and why it passed or failed, in words.")
+
+    def describe(self) -> str:
+        """One line naming the gate, the method and the figure."""
+        return f"gate validation.{self.gate} on {self.method}: {self.detail}"
+
+
+class ShapeRow(BaseModel):
+    """The cases of one method at one shape label, summed up (one row of the report tables)."""
+
+    method: str
+    shape: str
+    input_shapes: str
+    cases: int
+    failed: int
+    max_abs: float
+    max_rel: float
+    min_cosine: float | None
+    mismatch_fraction: float
+    result: str
+
+
+class MethodRow(BaseModel):
+    """What one method runs on and how fast, eager vs program (one row of the report tables)."""
+
+    method: str
+    delegates: str
+    delegated: str = Field(description="Delegated operators of all, or 'unknown'.")
+    first_call_ms: float | None
+    eager_median_ms: float | None
+    eager_p90_ms: float | None
+    program_median_ms: float | None
+    program_p90_ms: float | None
+    latency_ratio: float | None
 
 
 class ValidationSummary(BaseModel):
@@ -50,6 +121,11 @@ class ValidationSummary(BaseModel):
     worst: str | None = Field(None, description="The worst output and its error, in words.")
     worst_max_abs: float = 0.0
     min_cosine_seen: float | None = None
+    delegated_fraction: dict[str, float | None] = Field(
+        default_factory=dict, description="Share of each method's operators that delegates run (None: unknown)."
+    )
+    latency_ratio: dict[str, float] = Field(default_factory=dict, description="Program / eager median latency.")
+    gates_failed: list[str] = Field(default_factory=list)
 
 
 class ValidationReport(BaseModel):
@@ -59,11 +135,23 @@ class ValidationReport(BaseModel):
     cases: list[CaseResult]
     delegates: dict[str, list[str]]
     load_seconds: float
+    first_call_seconds: dict[str, float] = Field(
+        default_factory=dict, description="First call of each method, which loads it and initialises its delegates."
+    )
     used_data_file: bool = Field(description="Whether the program was loaded with its .ptd.")
+    delegation: dict[str, DelegationFacts] = Field(
+        default_factory=dict, description="Operators delegated per method, as recorded at export."
+    )
+    latency: list[LatencyResult] = Field(default_factory=list)
+    gates: list[GateResult] = Field(default_factory=list)
 
     def failures(self) -> list[CaseResult]:
         """The cases that failed."""
         return [case for case in self.cases if not case.passed]
+
+    def failed_gates(self) -> list[GateResult]:
+        """The gates that failed."""
+        return [gate for gate in self.gates if not gate.passed]
 
     def worst_output(self) -> tuple[CaseResult, OutputComparison] | None:
         """The output with the largest error, preferring failed ones."""
@@ -73,11 +161,14 @@ class ValidationReport(BaseModel):
         return max(pairs, key=lambda pair: (not pair[1].passed, pair[1].mismatch_fraction, pair[1].max_abs))
 
     def describe_worst(self) -> str | None:
-        """One line on the worst failure (or the worst output when all passed)."""
+        """One line on the worst failure: a failed call, else a failed output, else a failed gate."""
         failed_call = next((case for case in self.cases if case.error), None)
         if failed_call is not None:
-            return f"{failed_call.method} at {failed_call.shape_label} {failed_call.input_shapes}: {failed_call.error}"
+            return f"{failed_call.where}: {failed_call.error}"
         worst = self.worst_output()
+        gates = self.failed_gates()
+        if gates and (worst is None or worst[1].passed):
+            return gates[0].describe()
         if worst is None:
             return None
         case, out = worst
@@ -86,6 +177,53 @@ class ValidationReport(BaseModel):
             return f"{where}: {out.reason}"
         cosine = f", cosine {out.cosine:.6f}" if out.cosine is not None else ""
         return f"{where}: max abs error {out.max_abs:.3g}{cosine}"
+
+    def shape_rows(self) -> list[ShapeRow]:
+        """One row per method x shape label: worst errors over its samples and outputs."""
+        groups: dict[tuple[str, str], list[CaseResult]] = {}
+        for case in self.cases:
+            groups.setdefault((case.method, case.shape_label), []).append(case)
+        rows = []
+        for (method, label), cases in groups.items():
+            outputs = [o for c in cases for o in c.outputs]
+            shapes = {str(c.input_shapes) for c in cases}
+            failed = [c for c in cases if not c.passed]
+            first_failure = next((c.error or next((o.reason for o in c.outputs if o.reason), None) for c in failed), None)
+            cosines = [o.cosine for o in outputs if o.cosine is not None]
+            rows.append(ShapeRow(
+                method=method,
+                shape=label,
+                input_shapes=shapes.pop() if len(shapes) == 1 else f"{len(shapes)} shapes",
+                cases=len(cases),
+                failed=len(failed),
+                max_abs=max((o.max_abs for o in outputs), default=0.0),
+                max_rel=max((o.max_rel for o in outputs), default=0.0),
+                min_cosine=min(cosines) if cosines else None,
+                mismatch_fraction=max((o.mismatch_fraction for o in outputs), default=0.0),
+                result="pass" if not failed else f"FAIL: {(first_failure or '').splitlines()[0]}",
+            ))
+        return rows
+
+    def method_rows(self) -> list[MethodRow]:
+        """One row per method: delegates, delegated fraction, first call and warm latency."""
+        latency = {result.method: result for result in self.latency}
+        rows = []
+        for method, delegates in self.delegates.items():
+            facts, timing = self.delegation.get(method), latency.get(method)
+            first_call = self.first_call_seconds.get(method)
+            rows.append(MethodRow(
+                method=method,
+                delegates=", ".join(delegates) or "none (portable kernels)",
+                delegated="unknown" if facts is None or facts.fraction is None
+                else f"{facts.delegated_ops}/{facts.total_ops} ({facts.fraction:.0%})",
+                first_call_ms=None if first_call is None else first_call * 1000,
+                eager_median_ms=timing.eager_median_ms if timing else None,
+                eager_p90_ms=timing.eager_p90_ms if timing else None,
+                program_median_ms=timing.program_median_ms if timing else None,
+                program_p90_ms=timing.program_p90_ms if timing else None,
+                latency_ratio=timing.ratio if timing else None,
+            ))
+        return rows
 
     def summary(self) -> ValidationSummary:
         """The manifest's view of this report."""
@@ -103,4 +241,7 @@ class ValidationReport(BaseModel):
             worst=self.describe_worst(),
             worst_max_abs=max((o.max_abs for c in self.cases for o in c.outputs), default=0.0),
             min_cosine_seen=min(cosines) if cosines else None,
+            delegated_fraction={name: facts.fraction for name, facts in self.delegation.items()},
+            latency_ratio={result.method: result.ratio for result in self.latency},
+            gates_failed=[gate.describe() for gate in self.failed_gates()],
         )

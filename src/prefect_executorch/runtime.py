@@ -25,22 +25,14 @@ def _describe(tensor: torch.Tensor) -> str:
     return f"{str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}"
 
 
-def _spec_bounds(spec: InputSpec) -> list[tuple[int, int]]:
-    return [
-        (spec.dynamic[i].min, spec.dynamic[i].max) if i in spec.dynamic else (size, size)
-        for i, size in enumerate(spec.shape)
-    ]
-
-
-def _spec_shape(spec: InputSpec) -> str:
-    return "[" + ", ".join(f"{lo}..{hi}" if lo != hi else str(lo) for lo, hi in _spec_bounds(spec)) + "]"
-
-
 class LoadedProgram:
     """A program loaded by the ExecuTorch runtime, with its facts for input checks."""
 
     def __init__(self, pte: Path, data: Path | None = None) -> None:
-        from executorch.extension.pybindings.portable_lib import _load_for_executorch
+        import torch  # noqa: F401 - loads libtorch, which the runtime extension links against
+
+        # The extension itself: its ``portable_lib`` wrapper imports all of executorch.exir (7-10 s).
+        from executorch.extension.pybindings._portable_lib import _load_for_executorch
 
         self.facts: dict[str, MethodFacts] = read_program(pte)
         self.path = pte
@@ -73,10 +65,8 @@ class LoadedProgram:
             got_dtype = str(tensor.dtype).removeprefix("torch.")
             # XNNPACK does not check static dims and returns garbage for a wrong size: check here.
             if spec is not None:
-                expected = _spec_shape(spec)
-                fits = tensor.dim() == len(spec.shape) and all(
-                    lo <= size <= hi for size, (lo, hi) in zip(tensor.shape, _spec_bounds(spec))
-                )
+                expected = spec.describe_shape()
+                fits = spec.accepts_shape(tuple(tensor.shape))
             else:
                 expected = f"{'at most ' if want.dynamic else ''}{want.sizes}"
                 fits = tensor.dim() == len(want.sizes) and all(
@@ -91,6 +81,10 @@ class LoadedProgram:
     def run(self, method: str, inputs: tuple[torch.Tensor, ...], specs: list[InputSpec] | None = None) -> list[Any]:
         """Execute ``method`` on ``inputs`` and return its flat outputs."""
         self.check_inputs(method, inputs, specs)
+        return self.execute(method, inputs)
+
+    def execute(self, method: str, inputs: tuple[torch.Tensor, ...]) -> list[Any]:
+        """Execute ``method`` on inputs already checked (``run`` checks them first)."""
         try:
             return list(self._module.run_method(method, inputs))
         except RuntimeError as exc:

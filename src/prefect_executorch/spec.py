@@ -28,6 +28,13 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "bfloat16": (1.6e-2, 1.6e-2),
 }
 DEFAULT_MIN_COSINE: dict[str, float] = {"float32": 0.999, "float16": 0.99, "bfloat16": 0.99}
+#: Representable range of the integer dtypes, for checking low/high.
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "int8": (-(2**7), 2**7 - 1),
+    "uint8": (0, 2**8 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int64": (-(2**63), 2**63 - 1),
+}
 
 
 NAME_RULE = (
@@ -79,9 +86,13 @@ class InputSpec(StrictModel):
     dtype: Dtype = "float32"
     dynamic: dict[int, DynamicDim] = Field(default_factory=dict, description="Dynamic dims by index.")
     low: float | None = Field(None, description="Lower bound of random values (default -1, or 0 for ints).")
-    high: float | None = Field(None, description="Upper bound of random values (default 1, or 10 for ints).")
+    high: float | None = Field(
+        None, description="Upper bound of random values (default 1, or 10 for ints; exclusive for ints)."
+    )
     distribution: Literal["uniform", "normal", "int_range"] | None = Field(
-        None, description="How random values are drawn; defaults by dtype."
+        None,
+        description="How random values are drawn; defaults by dtype. 'normal' with low/high: mean at the "
+        "midpoint, std (high - low) / 6, clipped to [low, high].",
     )
 
     @field_validator("shape")
@@ -108,7 +119,50 @@ class InputSpec(StrictModel):
                 )
         if self.low is not None and self.high is not None and self.low >= self.high:
             raise ValueError(f"low ({self.low}) must be < high ({self.high})")
+        self._check_value_range()
         return self
+
+    def _check_value_range(self) -> None:
+        bounds = {"low": self.low, "high": self.high}
+        if self.dtype == "bool":
+            given = [k for k, v in {**bounds, "distribution": self.distribution}.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} cannot be set for a bool input (values are 0 or 1); remove it")
+            return
+        if self.dtype not in FLOAT_DTYPES or self.distribution == "int_range":
+            if self.distribution in ("uniform", "normal"):
+                raise ValueError(
+                    f"distribution {self.distribution!r} needs a float dtype, got {self.dtype}; use int_range"
+                )
+            for key, value in bounds.items():
+                if value is not None and value != int(value):
+                    raise ValueError(f"{key} ({value}) must be a whole number for integer values")
+        if self.dtype in INT_RANGES:
+            lowest, highest = INT_RANGES[self.dtype]
+            low = int(self.low) if self.low is not None else 0
+            high = int(self.high) if self.high is not None else 10
+            if low < lowest or high > highest + 1:
+                raise ValueError(f"[low, high) = [{low}, {high}) does not fit {self.dtype} ([{lowest}, {highest}])")
+        if self.distribution == "normal" and (self.low is None) != (self.high is None):
+            raise ValueError(
+                "distribution 'normal' needs both low and high (mean at the midpoint, clipped to the range) "
+                "or neither (standard normal)"
+            )
+
+    def bounds(self) -> list[tuple[int, int]]:
+        """Smallest and largest size of every dim (equal for a static dim)."""
+        return [
+            (self.dynamic[i].min, self.dynamic[i].max) if i in self.dynamic else (size, size)
+            for i, size in enumerate(self.shape)
+        ]
+
+    def describe_shape(self) -> str:
+        """The accepted shape in words, e.g. ``[1..8, 3]``."""
+        return "[" + ", ".join(f"{lo}..{hi}" if lo != hi else str(lo) for lo, hi in self.bounds()) + "]"
+
+    def accepts_shape(self, shape: list[int] | tuple[int, ...]) -> bool:
+        """Whether ``shape`` has this input's rank and every size lies within its bounds."""
+        return len(shape) == len(self.shape) and all(lo <= s <= hi for s, (lo, hi) in zip(shape, self.bounds()))
 
 
 class MethodSpec(StrictModel):
@@ -118,15 +172,74 @@ class MethodSpec(StrictModel):
     attribute: str | None = Field(None, description="Module method to export; defaults to the method name.")
 
 
+class Tolerance(StrictModel):
+    """Tolerances for float outputs; unset fields fall back to the next more general level."""
+
+    atol: float | None = Field(None, ge=0, description="Absolute tolerance.")
+    rtol: float | None = Field(None, ge=0, description="Relative tolerance (times |eager|).")
+    min_cosine: float | None = Field(None, ge=-1, le=1, description="Cosine similarity floor.")
+
+
+class MethodValidation(StrictModel):
+    """Validation settings of one method: user samples, extra shapes, tolerances per output."""
+
+    samples_file: str | None = Field(
+        None, description="A .pt file (torch.load weights_only=True) holding a list of input tuples."
+    )
+    dataset: str | None = Field(
+        None, description="'package.module:function' or 'path/file.py:function' returning an iterable of input tuples."
+    )
+    max_dataset_samples: int = Field(32, ge=1, description="How many samples to take from the dataset at most.")
+    extra_shapes: list[list[list[int]]] = Field(
+        default_factory=list, description="More shapes to validate, each a list of one shape per input."
+    )
+    outputs: dict[str, Tolerance] = Field(
+        default_factory=dict, description="Tolerances by output path of this method, e.g. \"['logits']\" or '[1]'."
+    )
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_reference(cls, value: str | None) -> str | None:
+        if value is not None:
+            module, sep, function = value.rpartition(":")
+            if not sep or not module or not function.isidentifier():
+                raise ValueError(f"{value!r} must be 'package.module:function' or 'path/to/file.py:function'")
+        return value
+
+
 class ValidationSpec(StrictModel):
     """How the exported program is compared with eager PyTorch."""
 
     atol: float | None = Field(None, ge=0, description="Absolute tolerance; default per dtype.")
     rtol: float | None = Field(None, ge=0, description="Relative tolerance; default per dtype.")
     min_cosine: float | None = Field(None, ge=-1, le=1, description="Cosine floor; default per dtype.")
+    dtypes: dict[Literal["float32", "float16", "bfloat16"], Tolerance] = Field(
+        default_factory=dict, description="Tolerances per output dtype (over atol/rtol/min_cosine)."
+    )
+    outputs: dict[str, Tolerance] = Field(
+        default_factory=dict, description="Tolerances by output path, in every method (over dtypes)."
+    )
+    methods: dict[str, MethodValidation] = Field(
+        default_factory=dict, description="Per method: user samples, extra shapes, output tolerances."
+    )
     samples: int = Field(2, ge=1, le=1000, description="Seeded random input draws per shape.")
     seed: int = 0
+    latency_runs: int = Field(5, ge=0, le=100_000, description="Timed warm runs of eager and program per method.")
+    latency_warmup: int = Field(2, ge=0, le=1000, description="Untimed runs before the timed ones.")
+    max_latency_ratio: float | None = Field(
+        None, gt=0, description="Gate: program median latency / eager median latency must not exceed this."
+    )
+    min_delegated_fraction: float | None = Field(
+        None, ge=0, le=1, description="Gate: fraction of each method's operators that a delegate runs."
+    )
     timeout_s: float = Field(600, gt=0, description="Wall-time limit of the validating child process.")
+    memory_limit_mib: int = Field(8192, ge=512, description="Address-space limit of the validating child process.")
+
+    @model_validator(mode="after")
+    def _latency_gate_needs_runs(self) -> ValidationSpec:
+        if self.max_latency_ratio is not None and self.latency_runs == 0:
+            raise ValueError("max_latency_ratio needs latency_runs >= 1")
+        return self
 
 
 class XnnpackTarget(StrictModel):
@@ -179,6 +292,24 @@ class BuildSpec(StrictModel):
             if not name.isidentifier():
                 raise ValueError(f"method name {name!r} must be a Python identifier")
         return methods
+
+    @model_validator(mode="after")
+    def _validation_methods(self) -> BuildSpec:
+        for name, settings in self.validation.methods.items():
+            if name not in self.methods:
+                raise ValueError(f"validation.methods.{name}: no such method; the spec's methods are {sorted(self.methods)}")
+            inputs = self.methods[name].inputs
+            for index, shapes in enumerate(settings.extra_shapes):
+                where = f"validation.methods.{name}.extra_shapes[{index}]"
+                if len(shapes) != len(inputs):
+                    raise ValueError(f"{where}: {len(shapes)} shapes for {len(inputs)} inputs; give one shape per input")
+                for shape, spec in zip(shapes, inputs):
+                    if not spec.accepts_shape(shape):
+                        raise ValueError(
+                            f"{where}: input {spec.name!r} shape {shape} is outside {spec.describe_shape()}; "
+                            f"widen methods.{name}.inputs or drop the shape"
+                        )
+        return self
 
     @field_validator("model")
     @classmethod
@@ -248,6 +379,24 @@ def _format_validation_error(exc: ValidationError) -> str:
     return "invalid build spec:\n  " + "\n  ".join(lines)
 
 
+def _resolve_sample_paths(validation: Any, base_dir: Path) -> Any:
+    """Resolve the validation samples' files (``samples_file``, ``.py`` datasets) against ``base_dir``."""
+    if not isinstance(validation, dict) or not isinstance(validation.get("methods"), dict):
+        return validation
+    methods = {}
+    for name, settings in validation["methods"].items():
+        if isinstance(settings, dict):
+            settings = dict(settings)
+            if isinstance(settings.get("samples_file"), str):
+                settings["samples_file"] = str((base_dir / settings["samples_file"]).resolve())
+            dataset = settings.get("dataset")
+            if isinstance(dataset, str) and ".py:" in dataset:
+                path, _, function = dataset.rpartition(":")
+                settings["dataset"] = f"{(base_dir / path).resolve()}:{function}"
+        methods[name] = settings
+    return {**validation, "methods": methods}
+
+
 def parse_spec(data: Any, base_dir: Path | None = None) -> BuildSpec:
     """Validate a mapping as a ``BuildSpec``; relative model/weights paths resolve against ``base_dir``."""
     if not isinstance(data, dict):
@@ -261,6 +410,8 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> BuildSpec:
         weights = data.get("weights")
         if isinstance(weights, str):
             data["weights"] = str((base_dir / weights).resolve())
+        if "validation" in data:
+            data["validation"] = _resolve_sample_paths(data["validation"], base_dir)
     try:
         return BuildSpec.model_validate(data)
     except ValidationError as exc:

@@ -1,18 +1,34 @@
-"""Run the exported program and eager PyTorch on the same inputs, in a child process."""
+"""Run the exported program and eager PyTorch on the same inputs, in a child process, and gate on the result.
+
+The child imports torch, the ExecuTorch runtime extension and this package's light modules only
+(no ``executorch.exir``), so it starts in about the time ``import torch`` takes.
+"""
 
 from __future__ import annotations
 
+import signal
+import statistics
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
+from prefect_executorch.delegation import DelegationFacts
+from prefect_executorch.errors import ChildProcessFailed, SpecError, ValidationFailed
 from prefect_executorch.isolation import run_isolated
-from prefect_executorch.report import CaseResult, ValidationReport
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.report import CaseResult, GateResult, LatencyResult, ValidationReport
+from prefect_executorch.spec import BuildSpec, MethodValidation, ValidationSpec
 from prefect_executorch.targets import PROGRAM_FILE, get_target
+
+if TYPE_CHECKING:
+    import torch
+
+    from prefect_executorch.runtime import LoadedProgram
+    from prefect_executorch.spec import MethodSpec
+
+Inputs = tuple["torch.Tensor", ...]
 
 
 class ValidateRequest(BaseModel):
@@ -22,48 +38,188 @@ class ValidateRequest(BaseModel):
     bundle_dir: str
     program: str = PROGRAM_FILE
     data_files: list[str] = Field(default_factory=list)
+    delegation: dict[str, DelegationFacts] = Field(default_factory=dict)
+
+
+def case_inputs(spec: BuildSpec, name: str, method: MethodSpec) -> Iterator[tuple[str, int, Inputs]]:
+    """Every input tuple of a method: seeded random ones at each declared shape, then the user's samples."""
+    import torch
+
+    from prefect_executorch.inputs import load_dataset, load_samples_file, random_inputs, shape_points
+
+    settings = spec.validation.methods.get(name, MethodValidation())
+    generator = torch.Generator().manual_seed(spec.validation.seed)
+    for label, shapes in shape_points(method, settings.extra_shapes):
+        for sample in range(spec.validation.samples):
+            yield label, sample, random_inputs(method, shapes, generator)
+    field = f"validation.methods.{name}"
+    if settings.samples_file:
+        for index, inputs in enumerate(load_samples_file(settings.samples_file, method, f"{field}.samples_file")):
+            yield "samples_file", index, inputs
+    if settings.dataset:
+        dataset = load_dataset(settings.dataset, method, f"{field}.dataset", settings.max_dataset_samples)
+        for index, inputs in enumerate(dataset):
+            yield "dataset", index, inputs
+
+
+def _timed(call: Callable[[], Any], runs: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def _p90(times: list[float]) -> float:
+    return statistics.quantiles(times, n=10, method="inclusive")[8] if len(times) > 1 else times[0]
+
+
+def measure_latency(
+    name: str, label: str, eager: Callable[[], Any], program: Callable[[], Any], shapes: list[list[int]],
+    runs: int, warmup: int,
+) -> LatencyResult:
+    """Median and p90 of warm runs of eager and of the program, one after the other in this process."""
+    eager_ms = _timed(eager, runs, warmup)
+    program_ms = _timed(program, runs, warmup)
+    eager_median, program_median = statistics.median(eager_ms), statistics.median(program_ms)
+    return LatencyResult(
+        method=name, shape_label=label, input_shapes=shapes, runs=runs,
+        eager_median_ms=eager_median, eager_p90_ms=_p90(eager_ms),
+        program_median_ms=program_median, program_p90_ms=_p90(program_ms),
+        ratio=program_median / eager_median if eager_median > 0 else float("inf"),
+    )
+
+
+def check_gates(
+    spec: ValidationSpec, methods: list[str], delegation: dict[str, DelegationFacts], latency: list[LatencyResult]
+) -> list[GateResult]:
+    """The spec's gates on every method: delegated fraction and latency ratio."""
+    gates = []
+    if spec.min_delegated_fraction is not None:
+        limit = spec.min_delegated_fraction
+        for name in methods:
+            facts = delegation.get(name)
+            fraction = facts.fraction if facts else None
+            if facts is None or fraction is None:
+                detail = ("unknown: the bundle records no operator counts for this method (its target cannot count "
+                          "them, or it was exported before they were recorded); re-export it")
+            else:
+                left = ", ".join(f"{op} x{count}" for op, count in sorted(facts.undelegated.items()))
+                detail = (f"{fraction:.3f} of operators delegated ({facts.delegated_ops} of {facts.total_ops}), "
+                          f"{'>=' if fraction >= limit else 'below'} {limit:g}" + (f"; left outside: {left}" if left else ""))
+            gates.append(GateResult(gate="min_delegated_fraction", method=name, measured=fraction, limit=limit,
+                                    passed=fraction is not None and fraction >= limit, detail=detail))
+    if spec.max_latency_ratio is not None:
+        limit = spec.max_latency_ratio
+        measured = {result.method: result for result in latency}
+        for name in methods:
+            result = measured.get(name)
+            if result is None:
+                gates.append(GateResult(gate="max_latency_ratio", method=name, measured=None, limit=limit, passed=False,
+                                        detail="not measured: the method failed to run"))
+                continue
+            detail = (f"program median {result.program_median_ms:.3g} ms / eager median {result.eager_median_ms:.3g} ms "
+                      f"= {result.ratio:.3g}, {'<=' if result.ratio <= limit else 'above'} {limit:g} "
+                      f"({result.runs} runs at {result.shape_label} {result.input_shapes})")
+            gates.append(GateResult(gate="max_latency_ratio", method=name, measured=result.ratio, limit=limit,
+                                    passed=result.ratio <= limit, detail=detail))
+    return gates
+
+
+def _check_output_overrides(spec: ValidationSpec, name: str, cases: list[CaseResult]) -> set[str]:
+    """The method's output paths; an override in ``validation.methods.<name>.outputs`` must name one."""
+    paths = {out.path for case in cases for out in case.outputs}
+    settings = spec.methods.get(name)
+    unknown = sorted(set(settings.outputs) - paths) if settings and paths else []
+    if unknown:
+        raise SpecError(f"validation.methods.{name}.outputs: no output at {unknown}; the method's outputs are {sorted(paths)}")
+    return paths
+
+
+def _value_range(tensor: torch.Tensor) -> list[float] | None:
+    return [float(tensor.min()), float(tensor.max())] if tensor.numel() else None
+
+
+def _validate_method(
+    spec: BuildSpec, name: str, model: Any, program: LoadedProgram, first_calls: dict[str, float]
+) -> tuple[list[CaseResult], LatencyResult | None]:
+    from prefect_executorch.compare import compare_outputs
+    from prefect_executorch.modelref import method_callable
+
+    method = spec.methods[name]
+    target = get_target(spec.target_name)
+    eager = method_callable(model, name, method.attribute)
+    facts = program.facts.get(name)
+    cases: list[CaseResult] = []
+    timing: tuple[str, Inputs, Inputs] | None = None
+    for label, sample, inputs in case_inputs(spec, name, method):
+        case = CaseResult(method=name, shape_label=label, input_shapes=[list(t.shape) for t in inputs],
+                          input_ranges=[_value_range(t) for t in inputs], sample=sample)
+        prepared = tuple(target.prepare_input(t, spec) for t in inputs)
+        try:
+            started = time.perf_counter()
+            actual = program.run(name, prepared, method.inputs)
+            first_calls.setdefault(name, time.perf_counter() - started)
+        except ValidationFailed as exc:
+            case.error = str(exc)
+        else:
+            case.outputs = compare_outputs(actual, eager(*inputs), spec.validation, name, facts.output_spec if facts else None)
+            # Time the typical shape: the first case at 'opt' (or the first that ran).
+            if timing is None or (label == "opt" and timing[0] != "opt"):
+                timing = (label, inputs, prepared)
+        cases.append(case)
+    latency = None
+    if timing is not None and spec.validation.latency_runs:
+        label, inputs, prepared = timing
+        latency = measure_latency(
+            name, label, lambda: eager(*inputs), lambda: program.execute(name, prepared), [list(t.shape) for t in inputs],
+            spec.validation.latency_runs, spec.validation.latency_warmup,
+        )
+    return cases, latency
 
 
 def validate_in_child(request: dict[str, Any]) -> ValidationReport:
-    """Child side: load the program (after the target's runtime setup) and compare with eager."""
+    """Child side: load the program (after the target's runtime setup), compare with eager, apply the gates."""
     import torch
 
-    from prefect_executorch.compare import compare_outputs
-    from prefect_executorch.inputs import random_inputs, shape_points
-    from prefect_executorch.modelref import load_model, method_callable
+    from prefect_executorch.modelref import load_model
     from prefect_executorch.runtime import LoadedProgram
 
     req = ValidateRequest.model_validate(request)
     spec, bundle = req.spec, Path(req.bundle_dir)
-    target = get_target(spec.target_name)
-    target.runtime_setup()
+    get_target(spec.target_name).runtime_setup()
     data = bundle / req.data_files[0] if req.data_files else None
     started = time.monotonic()
     program = LoadedProgram(bundle / req.program, data)
     load_seconds = time.monotonic() - started
     model = load_model(spec)
     cases: list[CaseResult] = []
+    latency: list[LatencyResult] = []
+    first_calls: dict[str, float] = {}
+    seen_paths: set[str] = set()
     with torch.no_grad():
-        for name, method in spec.methods.items():
-            eager = method_callable(model, name, method.attribute)
-            generator = torch.Generator().manual_seed(spec.validation.seed)
-            for label, shapes in shape_points(method):
-                for sample in range(spec.validation.samples):
-                    inputs = random_inputs(method, shapes, generator)
-                    case = CaseResult(method=name, shape_label=label, input_shapes=shapes, sample=sample)
-                    try:
-                        actual = program.run(name, tuple(target.prepare_input(t, spec) for t in inputs), method.inputs)
-                    except ValidationFailed as exc:
-                        case.error = str(exc)
-                    else:
-                        case.outputs = compare_outputs(actual, eager(*inputs), spec.validation)
-                    cases.append(case)
+        for name in spec.methods:
+            method_cases, method_latency = _validate_method(spec, name, model, program, first_calls)
+            seen_paths |= _check_output_overrides(spec.validation, name, method_cases)
+            cases += method_cases
+            latency += [method_latency] if method_latency else []
+    unknown = sorted(set(spec.validation.outputs) - seen_paths) if seen_paths else []
+    if unknown:
+        raise SpecError(f"validation.outputs: no method has an output at {unknown}; outputs are {sorted(seen_paths)}")
+    gates = check_gates(spec.validation, list(spec.methods), req.delegation, latency)
     return ValidationReport(
-        passed=all(case.passed for case in cases),
+        passed=all(case.passed for case in cases) and all(gate.passed for gate in gates),
         cases=cases,
         delegates={name: facts.delegates for name, facts in program.facts.items()},
         load_seconds=load_seconds,
+        first_call_seconds=first_calls,
         used_data_file=data is not None,
+        delegation=req.delegation,
+        latency=latency,
+        gates=gates,
     )
 
 
@@ -73,27 +229,34 @@ def validate_program(
     data_files: list[str],
     *,
     scratch_dir: Path,
-    memory_limit_mib: int | None = None,
+    delegation: dict[str, DelegationFacts] | None = None,
 ) -> ValidationReport:
-    """Validate the program in ``bundle_dir`` against eager; a crash of the child fails the validation."""
+    """Validate the program in ``bundle_dir`` against eager; a crash, hang or memory blow-up of the child fails it."""
     try:
         return run_isolated(
             "validate",
-            ValidateRequest(spec=spec, bundle_dir=str(bundle_dir), data_files=data_files),
+            ValidateRequest(spec=spec, bundle_dir=str(bundle_dir), data_files=data_files, delegation=delegation or {}),
             ValidationReport,
             timeout_s=spec.validation.timeout_s,
             scratch_dir=scratch_dir,
-            memory_limit_mib=memory_limit_mib,
+            memory_limit_mib=spec.validation.memory_limit_mib,
             what=f"validation of {spec.name} {spec.version}",
         )
     except ChildProcessFailed as exc:
-        raise ValidationFailed(str(exc)) from exc
+        headline, _, tail = str(exc).partition("\n")
+        if exc.returncode in (-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGBUS):
+            headline += (f"; the ExecuTorch runtime crashed on this program: check that it is loaded with the .ptd "
+                         f"it was exported with (given: {data_files or 'none'}) and was built for this platform")
+        raise ValidationFailed(f"{headline}\n{tail}".rstrip()) from exc
 
 
 def require_passed(report: ValidationReport) -> None:
-    """Raise ``ValidationFailed`` naming the worst output if the report failed."""
-    if not report.passed:
-        failed = report.failures()
-        raise ValidationFailed(
-            f"{len(failed)} of {len(report.cases)} validation cases failed; worst: {report.describe_worst()}"
-        )
+    """Raise ``ValidationFailed`` naming the worst output (or the failed gates) if the report failed."""
+    if report.passed:
+        return
+    parts = []
+    failed = report.failures()
+    if failed:
+        parts.append(f"{len(failed)} of {len(report.cases)} validation cases failed")
+    parts += [gate.describe() for gate in report.failed_gates()]
+    raise ValidationFailed("; ".join(parts) + f"; worst: {report.describe_worst()}")

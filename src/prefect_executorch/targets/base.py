@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
+    from prefect_executorch.delegation import DelegationFacts
     from prefect_executorch.spec import BuildSpec
     from prefect_executorch.toolchain import Toolchain
 
@@ -41,8 +42,14 @@ class Target(ABC):
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
 
     @abstractmethod
-    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> None:
-        """Lower the exported methods and write ``model.pte`` (and any ``.ptd``) into ``out_dir``."""
+    def lower(
+        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
+    ) -> dict[str, DelegationFacts] | None:
+        """Lower the exported methods and write ``model.pte`` (and any ``.ptd``) into ``out_dir``.
+
+        Returns ``delegation.delegation_facts`` of the lowered edge program when the target has one,
+        else None (the manifest then says the delegated fraction is unknown).
+        """
 
     def runtime_setup(self) -> None:
         """Import what the validating process needs before it loads a program."""

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.compat import cpu_compat
+from prefect_executorch.delegation import DelegationFacts, delegation_facts
 from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.targets.base import PROGRAM_FILE, WEIGHTS_TAG, Target
 
@@ -52,10 +53,15 @@ class PortableTarget(CpuTarget):
 
     name = "portable"
 
-    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> None:
+    def lower(
+        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
+    ) -> dict[str, DelegationFacts]:
         from executorch.exir import to_edge
 
-        _write(to_edge(programs).to_executorch(_backend_config(spec)), spec, out_dir)
+        edge = to_edge(programs)
+        delegation = delegation_facts(edge)
+        _write(edge.to_executorch(_backend_config(spec)), spec, out_dir)
+        return delegation
 
 
 class XnnpackTarget(CpuTarget):
@@ -77,9 +83,13 @@ class XnnpackTarget(CpuTarget):
         delegate_external_constants_pass_unlifted(module=unlifted, gen_tag_fn=_weights_tag)
         return super().export_method(unlifted, args, dynamic_shapes, spec)
 
-    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> None:
+    def lower(
+        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
+    ) -> dict[str, DelegationFacts]:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
 
         edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
+        delegation = delegation_facts(edge)
         _write(edge.to_executorch(_backend_config(spec)), spec, out_dir)
+        return delegation
