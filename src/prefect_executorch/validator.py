@@ -41,7 +41,9 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     started = time.monotonic()
     program = LoadedProgram(bundle / req.program, data)
     load_seconds = time.monotonic() - started
-    model = load_model(spec)
+    device = target.eager_device(spec)
+    precision = target.compute_dtype(spec)
+    model = load_model(spec).to(device)
     cases: list[CaseResult] = []
     with torch.no_grad():
         for name, method in spec.methods.items():
@@ -56,7 +58,8 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
                     except ValidationFailed as exc:
                         case.error = str(exc)
                     else:
-                        case.outputs = compare_outputs(actual, eager(*inputs), spec.validation)
+                        expected = eager(*(t.to(device) for t in inputs))
+                        case.outputs = compare_outputs(actual, expected, spec.validation, precision)
                     cases.append(case)
     return ValidationReport(
         passed=all(case.passed for case in cases),
