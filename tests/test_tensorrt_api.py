@@ -1,17 +1,11 @@
 """The TensorRT target against the real torch-tensorrt 2.14.0 wheel and the installed ExecuTorch, without a GPU.
 
-The wheels are downloaded once into a cache (``$PREFECT_EXECUTORCH_WHEEL_CACHE``, default
-``~/.cache/prefect-executorch/wheels``) and read with ``ast``: importing torch-tensorrt needs
-TensorRT. A failed download fails these tests; set ``PREFECT_EXECUTORCH_OFFLINE=1`` on a machine
-without a package index to skip them instead (never in CI).
+The wheels come from ``tests/wheels.py`` and are read with ``ast``: importing torch-tensorrt needs TensorRT.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -29,44 +23,21 @@ from prefect_executorch.targets.tensorrt import RUNTIME_MODULE, build_backend_co
 from prefect_executorch.toolchain import GpuInfo, Toolchain, read_torch_tensorrt_api
 
 from conftest import MODELS
+from wheels import DELEGATE_RUNTIME, TORCH_TENSORRT, download_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
-WHEEL_CACHE = Path(os.environ.get("PREFECT_EXECUTORCH_WHEEL_CACHE", Path.home() / ".cache/prefect-executorch/wheels"))
-TORCH_TENSORRT = "torch-tensorrt==2.14.0"
-DELEGATE_RUNTIME = "torch-tensorrt-executorch-runtime==0.1.0"
 TARGET = get_target("tensorrt")
-
-
-def _download(requirement: str) -> Path:
-    name, _, version = requirement.partition("==")
-    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
-    cached = sorted(WHEEL_CACHE.glob(pattern))
-    if cached:
-        return cached[0]
-    WHEEL_CACHE.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(WHEEL_CACHE),
-         requirement],
-        capture_output=True, text=True, timeout=600,
-    )
-    cached = sorted(WHEEL_CACHE.glob(pattern))
-    if result.returncode != 0 or not cached:
-        message = f"pip download {requirement} failed (exit {result.returncode}): {result.stderr.strip()[-2000:]}"
-        if os.environ.get("PREFECT_EXECUTORCH_OFFLINE"):
-            pytest.skip(f"PREFECT_EXECUTORCH_OFFLINE is set and {message}")
-        pytest.fail(message)
-    return cached[0]
 
 
 @pytest.fixture(scope="module")
 def trt_wheel() -> WheelRoot:
-    return WheelRoot(_download(TORCH_TENSORRT))
+    return WheelRoot(download_wheel(TORCH_TENSORRT))
 
 
 @pytest.fixture(scope="module")
 def runtime_wheel() -> WheelRoot:
-    return WheelRoot(_download(DELEGATE_RUNTIME))
+    return WheelRoot(download_wheel(DELEGATE_RUNTIME))
 
 
 @pytest.fixture(scope="module")

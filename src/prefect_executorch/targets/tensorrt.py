@@ -48,6 +48,11 @@ def install_command(channel: str, packages: str = '"torch-tensorrt[executorch]"'
     )
 
 
+def install_channel(channel: str | None) -> str:
+    """The channel to install for: this machine's if it is CUDA 13, else the page's default."""
+    return channel if channel is not None and channel_cuda_major(channel) == 13 else DEFAULT_CHANNEL
+
+
 def _options(spec: BuildSpec) -> TensorRTOptions:
     if not isinstance(spec.target, TensorRTOptions):
         raise SpecError(f"target: expected kind 'tensorrt', got {spec.target.kind!r}")
@@ -256,7 +261,7 @@ def _library_problems(toolchain: Toolchain, install: str) -> list[str]:
     if toolchain.tensorrt_executorch_runtime is None:
         problems.append(
             f"{RUNTIME_PACKAGE} is not installed; validation loads the program with it. Install it with: "
-            + install_command(channel if channel_cuda_major(channel) == 13 else DEFAULT_CHANNEL, RUNTIME_PACKAGE)
+            + install_command(install_channel(channel), RUNTIME_PACKAGE)
         )
     return problems
 
@@ -354,8 +359,7 @@ class TensorRTTarget(Target):
         spec_problems = _spec_problems(spec, options) + _compile_option_problems(options, toolchain)
         if spec_problems:
             raise SpecError("invalid spec for target tensorrt:\n  - " + "\n  - ".join(spec_problems))
-        channel = toolchain.cuda_channel if channel_cuda_major(toolchain.cuda_channel) == 13 else DEFAULT_CHANNEL
-        install = install_command(channel)
+        install = install_command(install_channel(toolchain.cuda_channel))
         problems = (
             _platform_problems(toolchain, install)
             + _library_problems(toolchain, install)
@@ -454,12 +458,18 @@ def activate_delegate_runtime() -> None:
     from prefect_executorch.runtime import backend_install_hint
     from prefect_executorch.toolchain import local_cuda_channel
 
+    channel = local_cuda_channel()
     try:
         module = importlib.import_module(RUNTIME_MODULE)
-        activate = getattr(module, "activate", None)
-        if callable(activate):
+    except ImportError as exc:
+        raise ToolchainMismatch(f"{backend_install_hint('TensorRTBackend', channel)} ({exc})") from None
+    activate = getattr(module, "activate", None)
+    if callable(activate):
+        try:
             activate()
-    except ImportError as exc:  # the wheel's DelegateCompatibilityError is an ImportError
-        raise ToolchainMismatch(
-            f"{backend_install_hint('TensorRTBackend', local_cuda_channel())} ({type(exc).__name__}: {exc})"
-        ) from None
+        except ImportError as exc:  # the wheel's DelegateCompatibilityError is an ImportError
+            fix = install_command(install_channel(channel), RUNTIME_PACKAGE)
+            raise ToolchainMismatch(
+                f"{RUNTIME_PACKAGE} is installed but cannot register TensorRTBackend ({type(exc).__name__}: {exc}); "
+                f"torch, executorch, torch-tensorrt and the runtime must come from one channel: {fix}"
+            ) from None
