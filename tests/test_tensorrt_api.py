@@ -380,3 +380,45 @@ def test_runtime_hints_and_precision(ready: Toolchain) -> None:
     assert hints["delegate_runtime"] == "torch-tensorrt-executorch-runtime" and hints["delegate_runtime_version"] == "0.1.0"
     assert TARGET.compute_dtype(spec) == "float16" and TARGET.compute_dtype(trt_spec()) is None
     assert TARGET.eager_device(spec) == "cuda"
+
+
+# ------------------------------------------------------------------- the probe on a bare GPU host
+
+#: What a GPU host may lack: the probe must run with torch and pydantic alone.
+_ABSENT = ("prefect", "executorch", "yaml", "typer", "rich", "boto3", "packaging")
+_PROBE_WITH_ONLY_TORCH_AND_PYDANTIC = f"""
+import runpy, sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {_ABSENT!r}:
+            raise ModuleNotFoundError(f"absent: {{name}}", name=name)
+sys.meta_path.insert(0, Absent())
+try:
+    runpy.run_module("prefect_executorch.toolchain", run_name="__main__", alter_sys=True)  # as python -m does
+finally:
+    # torch-tensorrt may be found, never imported: importing it needs TensorRT.
+    if any(m.split(".")[0] in ("torch_tensorrt", "tensorrt") for m in sys.modules):
+        sys.exit("the probe imported torch_tensorrt")
+"""
+
+
+def test_probe_module_runs_with_only_torch_and_pydantic_and_reads_an_installed_wheel(
+    trt_wheel: WheelRoot, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+    import zipfile
+
+    import torch
+
+    # Installed the way pip lays a wheel out (package + dist-info), but TensorRT is absent: never imported.
+    zipfile.ZipFile(trt_wheel.wheel).extractall(tmp_path)
+    result = subprocess.run([sys.executable, "-c", _PROBE_WITH_ONLY_TORCH_AND_PYDANTIC], capture_output=True,
+                            text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    probed = Toolchain.model_validate_json(result.stdout)
+    assert probed.torch == torch.__version__ and probed.torch_tensorrt == "2.14.0"
+    assert probed.torch_tensorrt_api is not None and probed.torch_tensorrt_channel == "cu132"
+    assert "use_cuda_graphs" not in probed.torch_tensorrt_api.save_keywords
+    message = refusal(trt_spec(), probed)
+    assert f"torch {torch.__version__} is a CPU build" in message and "TensorRT is not installed" in message
