@@ -256,7 +256,7 @@ class Sources:
             if isinstance(statement, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "__all__" for t in statement.targets
             ) and isinstance(statement.value, (ast.List, ast.Tuple)):
-                return {e.value for e in statement.value.elts if isinstance(e, ast.Constant)}
+                return {e.value for e in statement.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
         return None
 
     def _member(self, owner: Definition, name: str, hops: int = 0) -> Definition | None:
