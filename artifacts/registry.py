@@ -174,7 +174,7 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
         methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods, export.delegation),
         toolchain=toolchain.versions(),
         platform=platform_facts(toolchain),
-        runtime_hints=target.runtime_hints(spec),
+        runtime_hints=target.runtime_hints(spec, toolchain),
         spec_sha256=spec.sha256(),
         weights_sha256=export.weights_sha256,
         validation=report.summary(),

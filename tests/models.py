@@ -134,3 +134,39 @@ def sleepy_dataset() -> object:
 
     time.sleep(3600)
     return []
+
+
+class AddOne(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def add_one() -> nn.Module:
+    """The backend page's first model."""
+    return AddOne()
+
+
+class ErfinvChain(nn.Module):
+    # TensorRT has no converter for erfinv; tanh keeps its input inside (-1, 1).
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cos(torch.erfinv(torch.tanh(x)))
+
+
+def erfinv_chain() -> nn.Module:
+    """cos(erfinv(tanh(x))): TensorRT, the CUDA backend, TensorRT again when coalesced."""
+    return ErfinvChain()
+
+
+class WeightedMm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(64, 64) / 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cos(torch.tanh(torch.mm(x, self.w)))
+
+
+def weighted_mm() -> nn.Module:
+    """A weight for the CUDA backend when mm is kept out of TensorRT (its weights go to the .ptd)."""
+    torch.manual_seed(3)
+    return WeightedMm()

@@ -43,11 +43,23 @@ def program_outputs_with_paths(outputs: list[Any], output_spec: str | None) -> l
     return flatten_with_paths(tree_unflatten(list(outputs), spec))
 
 
-def limits_for(spec: ValidationSpec, method: str, path: str, dtype: str) -> Limits:
-    """Tolerances for one output: dtype defaults < validation < dtypes < outputs < methods.<m>.outputs."""
-    atol, rtol = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES["float32"])
-    limits = {"atol": atol, "rtol": rtol, "min_cosine": DEFAULT_MIN_COSINE.get(dtype, 0.999)}
-    source = f"default for {dtype}"
+def default_tolerances(dtype: str, precision: str | None = None) -> tuple[float, float, float]:
+    """(atol, rtol, min_cosine) for ``dtype``, loosened to ``precision`` when the program computes in it."""
+    names = [dtype] + ([precision] if precision else [])
+    atol = max(DEFAULT_TOLERANCES.get(n, DEFAULT_TOLERANCES["float32"])[0] for n in names)
+    rtol = max(DEFAULT_TOLERANCES.get(n, DEFAULT_TOLERANCES["float32"])[1] for n in names)
+    return atol, rtol, min(DEFAULT_MIN_COSINE.get(n, 0.999) for n in names)
+
+
+def limits_for(spec: ValidationSpec, method: str, path: str, dtype: str, precision: str | None = None) -> Limits:
+    """Tolerances for one output: dtype defaults < validation < dtypes < outputs < methods.<m>.outputs.
+
+    ``precision`` is a lower float type the program computes in (an FP16 engine fed FP32): the
+    defaults follow it.
+    """
+    atol, rtol, min_cosine = default_tolerances(dtype, precision)
+    limits = {"atol": atol, "rtol": rtol, "min_cosine": min_cosine}
+    source = f"default for {dtype}" + (f" computed in {precision}" if precision else "")
     method_settings = spec.methods.get(method)
     layers = [
         ("validation", spec),
@@ -138,7 +150,12 @@ def compare_tensor(path: str, actual: torch.Tensor, expected: torch.Tensor, limi
 
 
 def compare_outputs(
-    actual: list[Any], expected: Any, spec: ValidationSpec, method: str = "forward", output_spec: str | None = None
+    actual: list[Any],
+    expected: Any,
+    spec: ValidationSpec,
+    method: str = "forward",
+    output_spec: str | None = None,
+    precision: str | None = None,
 ) -> list[OutputComparison]:
     """Compare a program's flat outputs with eager's (possibly nested) result, matched by pytree path.
 
@@ -163,7 +180,7 @@ def compare_outputs(
         want_t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
         got_value = got_by_path.pop(path)
         got_t = got_value if isinstance(got_value, torch.Tensor) else torch.tensor(got_value)
-        results.append(compare_tensor(path, got_t, want_t, limits_for(spec, method, path, _dtype_name(want_t))))
+        results.append(compare_tensor(path, got_t, want_t, limits_for(spec, method, path, _dtype_name(want_t), precision)))
     results.extend(_failed(path, f"the program returns an output at {path} that eager does not", actual=value)
                    for path, value in got_by_path.items())
     return results

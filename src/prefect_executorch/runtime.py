@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_executorch.errors import ValidationFailed
+from prefect_executorch.errors import ToolchainMismatch, ValidationFailed
 from prefect_executorch.program import MethodFacts, read_program
 
 if TYPE_CHECKING:
@@ -13,12 +14,41 @@ if TYPE_CHECKING:
 
     from prefect_executorch.spec import InputSpec
 
-#: Delegates ExecuTorch's CPU wheel registers itself; any other needs its runtime package.
-BUILTIN_BACKENDS = {"XnnpackBackend"}
+#: What registers each delegate that ExecuTorch's CPU wheel does not have built in.
 BACKEND_PACKAGES = {
-    "TensorRTBackend": "torch-tensorrt-executorch-runtime (on the same CUDA channel as torch)",
-    "CudaBackend": "a CUDA build of executorch (on the same CUDA channel as torch)",
+    "TensorRTBackend": "torch-tensorrt-executorch-runtime",
+    "CudaBackend": "a CUDA build of executorch",
 }
+_ERROR_CODE = re.compile(r"error:\s*0x:?([0-9a-fA-F]+)")
+#: ExecuTorch's runtime error codes (runtime/core/error.h) that a user can act on.
+ERROR_NAMES = {
+    0x2: "InvalidState", 0x10: "NotSupported", 0x12: "InvalidArgument", 0x14: "OperatorMissing",
+    0x20: "NotFound: a backend or a named datum (.ptd) is missing", 0x21: "MemoryAllocationFailed",
+    0x22: "AccessFailed", 0x23: "InvalidProgram", 0x24: "InvalidExternalData",
+    0x30: "DelegateInvalidCompatibility", 0x31: "DelegateMemoryAllocationFailed",
+}
+
+
+def backend_install_hint(backend: str, channel: str | None) -> str:
+    """``bundle needs X: install Y on channel Z`` for a delegate this process has not registered."""
+    package = BACKEND_PACKAGES.get(backend, "the package that registers it")
+    where = (
+        f"on channel {channel} (this machine's torch channel)"
+        if channel else "on the CUDA 13 channel the bundle was built for (this machine's torch is a CPU build)"
+    )
+    hint = f"bundle needs {backend}: install {package} {where}"
+    if backend == "TensorRTBackend":
+        hint += " and import it before executorch's runtime"
+    return hint
+
+
+def describe_runtime_error(exc: Exception) -> str:
+    """ExecuTorch's ``... error: 0x20`` with the code's name, so the message says what kind of failure it was."""
+    match = _ERROR_CODE.search(str(exc))
+    if not match:
+        return str(exc)
+    code = int(match.group(1), 16)
+    return f"{exc} [ExecuTorch error 0x{code:x}: {ERROR_NAMES.get(code, 'see runtime/core/error.h')}]"
 
 
 def _describe(tensor: torch.Tensor) -> str:
@@ -28,27 +58,30 @@ def _describe(tensor: torch.Tensor) -> str:
 class LoadedProgram:
     """A program loaded by the ExecuTorch runtime, with its facts for input checks."""
 
-    def __init__(self, pte: Path, data: Path | None = None) -> None:
+    def __init__(self, pte: Path, data: Path | None = None, channel: str | None = None) -> None:
         import torch  # noqa: F401 - loads libtorch, which the runtime extension links against
 
         # The extension itself: its ``portable_lib`` wrapper imports all of executorch.exir (7-10 s).
-        from executorch.extension.pybindings._portable_lib import _load_for_executorch
+        from executorch.extension.pybindings import _portable_lib as portable_lib
 
         self.facts: dict[str, MethodFacts] = read_program(pte)
         self.path = pte
-        try:
-            self._module = _load_for_executorch(str(pte), str(data) if data else None)
-        except RuntimeError as exc:
-            raise ValidationFailed(self._load_hint(exc)) from None
-
-    def _load_hint(self, exc: Exception) -> str:
         delegates = {d for facts in self.facts.values() for d in facts.delegates}
-        missing = sorted(delegates - BUILTIN_BACKENDS)
-        hint = "".join(
-            f"\n  bundle needs {backend}: install {BACKEND_PACKAGES.get(backend, 'the package that registers it')}"
-            for backend in missing
-        )
-        return f"ExecuTorch could not load {self.path.name}: {exc}{hint}"
+        self.missing_backends = sorted(delegates - set(portable_lib._get_registered_backend_names()))
+        if self.missing_backends:
+            # Loading would succeed and every call fail with a bare 0x20: say what to install now.
+            raise ToolchainMismatch(f"cannot run {pte.name}: " + self._install_hints(channel))
+        try:
+            self._module = portable_lib._load_for_executorch(str(pte), str(data) if data else None)
+        except RuntimeError as exc:
+            raise ValidationFailed(f"ExecuTorch could not load {self.path.name}: {describe_runtime_error(exc)}") from None
+
+    def _install_hints(self, channel: str | None) -> str:
+        if channel is None:
+            from prefect_executorch.toolchain import local_cuda_channel
+
+            channel = local_cuda_channel()
+        return "; ".join(backend_install_hint(backend, channel) for backend in self.missing_backends)
 
     def check_inputs(self, method: str, inputs: tuple[torch.Tensor, ...], specs: list[InputSpec] | None = None) -> None:
         """Refuse inputs that do not fit the method's declared inputs, naming the one at fault."""
@@ -89,4 +122,4 @@ class LoadedProgram:
             return list(self._module.run_method(method, inputs))
         except RuntimeError as exc:
             shapes = ", ".join(_describe(t) for t in inputs)
-            raise ValidationFailed(f"method {method!r} failed on inputs ({shapes}): {exc}") from None
+            raise ValidationFailed(f"method {method!r} failed on inputs ({shapes}): {describe_runtime_error(exc)}") from None

@@ -146,6 +146,7 @@ def _value_range(tensor: torch.Tensor) -> list[float] | None:
 def _validate_method(
     spec: BuildSpec, name: str, model: Any, program: LoadedProgram, first_calls: dict[str, float]
 ) -> tuple[list[CaseResult], LatencyResult | None]:
+    """Run every case of one method on the program and on eager (on the program's device)."""
     from prefect_executorch.compare import compare_outputs
     from prefect_executorch.modelref import method_callable
 
@@ -153,12 +154,14 @@ def _validate_method(
     target = get_target(spec.target_name)
     eager = method_callable(model, name, method.attribute)
     facts = program.facts.get(name)
+    device, precision = target.eager_device(spec), target.compute_dtype(spec)
     cases: list[CaseResult] = []
     timing: tuple[str, Inputs, Inputs] | None = None
-    for label, sample, inputs in case_inputs(spec, name, method):
+    for label, sample, host_inputs in case_inputs(spec, name, method):
+        inputs = tuple(t.to(device) for t in host_inputs)
         case = CaseResult(method=name, shape_label=label, input_shapes=[list(t.shape) for t in inputs],
                           input_ranges=[_value_range(t) for t in inputs], sample=sample)
-        prepared = tuple(target.prepare_input(t, spec) for t in inputs)
+        prepared = tuple(target.prepare_input(t, spec) for t in host_inputs)
         try:
             started = time.perf_counter()
             actual = program.run(name, prepared, method.inputs)
@@ -166,7 +169,9 @@ def _validate_method(
         except ValidationFailed as exc:
             case.error = str(exc)
         else:
-            case.outputs = compare_outputs(actual, eager(*inputs), spec.validation, name, facts.output_spec if facts else None)
+            case.outputs = compare_outputs(
+                actual, eager(*inputs), spec.validation, name, facts.output_spec if facts else None, precision
+            )
             # Time the typical shape: the first case at 'opt' (or the first that ran).
             if timing is None or (label == "opt" and timing[0] != "opt"):
                 timing = (label, inputs, prepared)
@@ -195,7 +200,7 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     started = time.monotonic()
     program = LoadedProgram(bundle / req.program, data)
     load_seconds = time.monotonic() - started
-    model = load_model(spec)
+    model = load_model(spec).to(get_target(spec.target_name).eager_device(spec))
     cases: list[CaseResult] = []
     latency: list[LatencyResult] = []
     first_calls: dict[str, float] = {}

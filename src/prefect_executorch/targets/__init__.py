@@ -5,8 +5,9 @@ from __future__ import annotations
 from prefect_executorch.errors import SpecError
 from prefect_executorch.targets.base import PROGRAM_FILE, Target
 from prefect_executorch.targets.cpu import PortableTarget, XnnpackTarget
+from prefect_executorch.targets.tensorrt import TensorRTTarget
 
-TARGETS: dict[str, Target] = {target.name: target for target in (XnnpackTarget(), PortableTarget())}
+TARGETS: dict[str, Target] = {target.name: target for target in (XnnpackTarget(), PortableTarget(), TensorRTTarget())}
 
 
 def get_target(name: str) -> Target:

@@ -58,6 +58,14 @@ class Target(ABC):
         """Place an input where the program wants it (default: host memory)."""
         return tensor
 
-    def runtime_hints(self, spec: BuildSpec) -> dict[str, Any]:
+    def eager_device(self, spec: BuildSpec) -> str:
+        """Where validation runs the eager model: the device the program runs on."""
+        return "cpu"
+
+    def compute_dtype(self, spec: BuildSpec) -> str | None:
+        """A lower precision the program computes in than its inputs say (validation tolerances follow it)."""
+        return None
+
+    def runtime_hints(self, spec: BuildSpec, toolchain: Toolchain | None = None) -> dict[str, Any]:
         """What a consumer of the bundle must know to run it (recorded in the manifest)."""
         return {"input_device": "cpu"}

@@ -1,0 +1,475 @@
+"""NVIDIA GPU target: torch.export -> torch_tensorrt.dynamo.compile -> torch_tensorrt.save (ExecuTorch).
+
+The calls into torch-tensorrt and ExecuTorch are described as data by pure functions
+(``build_steps`` and its parts), so tests can assert them for every option combination and
+check them against the real wheel's source without TensorRT. Only ``lower`` and
+``runtime_setup`` import the GPU libraries, and only on a GPU worker.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect_executorch.calls import Call, Ref, Slot, Step, check_calls, run_steps
+from prefect_executorch.errors import SpecError, ToolchainMismatch
+from prefect_executorch.spec import TensorRTTarget as TensorRTOptions
+from prefect_executorch.targets.base import PROGRAM_FILE, Target
+from prefect_executorch.toolchain import channel_cuda_major, channel_of, minor_version, version_key
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+    from prefect_executorch.spec import BuildSpec, InputSpec, MethodSpec
+    from prefect_executorch.toolchain import Toolchain
+
+#: The delegate's Python runtime: a separate distribution, not part of the torch-tensorrt wheel.
+RUNTIME_PACKAGE = "torch-tensorrt-executorch-runtime"
+RUNTIME_MODULE = "torch_tensorrt_executorch_runtime"
+#: torch-tensorrt 2.13 silently ignores backend_config and unknown save() keywords and drops the .ptd.
+MIN_TORCH_TENSORRT = (2, 14)
+CUDA_GRAPHS_BUILD = "a Torch-TensorRT build newer than the 2026-10-06 nightly (its main or 2.15 release branch)"
+#: First ExecuTorch whose Python bindings hand caller-provided (unplanned) outputs correctly.
+UNPLANNED_OUTPUTS_EXECUTORCH = "1.6.0.dev20261008"
+SUPPORTED_ARCHES = ("x86_64", "aarch64")
+#: The channel the backend page's install command uses, suggested when this machine has none.
+DEFAULT_CHANNEL = "cu132"
+LOW_PRECISION = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def install_command(channel: str, packages: str = '"torch-tensorrt[executorch]"') -> str:
+    """The backend page's install line for ``channel``: ``--pre`` and all three indexes."""
+    return (
+        f"pip install --pre {packages} --index-url https://download.pytorch.org/whl/nightly/{channel} "
+        "--extra-index-url https://pypi.org/simple --extra-index-url https://pypi.nvidia.com"
+    )
+
+
+def install_channel(channel: str | None) -> str:
+    """The channel to install for: this machine's if it is CUDA 13, else the page's default."""
+    return channel if channel is not None and channel_cuda_major(channel) == 13 else DEFAULT_CHANNEL
+
+
+def _options(spec: BuildSpec) -> TensorRTOptions:
+    if not isinstance(spec.target, TensorRTOptions):
+        raise SpecError(f"target: expected kind 'tensorrt', got {spec.target.kind!r}")
+    return spec.target
+
+
+# ---------------------------------------------------------------- call construction (pure)
+
+
+def _dtype(name: str) -> Ref:
+    return Ref(f"torch.{name}")
+
+
+def input_call(spec: InputSpec) -> Call:
+    """``torch_tensorrt.Input`` for one input: a static shape, or min/opt/max for dynamic dims."""
+    if not spec.dynamic:
+        return Call("torch_tensorrt.Input", "class", kwargs={"shape": list(spec.shape), "dtype": _dtype(spec.dtype),
+                                                             "name": spec.name})
+    shapes = {"min_shape": list(spec.shape), "opt_shape": list(spec.shape), "max_shape": list(spec.shape)}
+    for index, dim in spec.dynamic.items():
+        shapes["min_shape"][index] = dim.min
+        shapes["opt_shape"][index] = dim.opt or spec.shape[index]
+        shapes["max_shape"][index] = dim.max
+    return Call("torch_tensorrt.Input", "class", kwargs={**shapes, "dtype": _dtype(spec.dtype), "name": spec.name})
+
+
+def build_compile_call(options: TensorRTOptions, method_name: str, method: MethodSpec) -> Call:
+    """``torch_tensorrt.dynamo.compile(exported, arg_inputs=..., ...)`` for one method."""
+    kwargs: dict[str, Any] = {
+        "arg_inputs": [input_call(i) for i in method.inputs],
+        "min_block_size": options.min_block_size,
+        "hardware_compatible": options.hardware_compatible,
+        "version_compatible": options.version_compatible,
+        # FP32 engines match eager only without TF32 (validation turns it off in eager too).
+        "disable_tf32": options.precision == "fp32",
+    }
+    if options.precision in LOW_PRECISION:
+        # 2.14 has no enabled_precisions: networks are strongly typed, lower precision is autocast.
+        kwargs["enable_autocast"] = True
+        kwargs["autocast_low_precision_type"] = _dtype(LOW_PRECISION[options.precision])
+    kwargs.update(options.compile_options)
+    return Call("torch_tensorrt.dynamo.compile", "function", args=(Slot(f"exported.{method_name}"),), kwargs=kwargs)
+
+
+def build_partitioners(options: TensorRTOptions, method_name: str) -> list[Call]:
+    """Partitioners that run after TensorRT's: the CUDA backend for what it rejects, if asked."""
+    if not options.coalesce_cuda:
+        return []
+    method_spec = Call("executorch.backends.cuda.cuda_backend.CudaBackend.generate_method_name_compile_spec",
+                       "classmethod", args=(method_name,))
+    return [Call("executorch.backends.cuda.cuda_partitioner.CudaPartitioner", "class", args=([method_spec],))]
+
+
+def build_backend_config(options: TensorRTOptions) -> Call | None:
+    """``ExecutorchBackendConfig`` for device-resident I/O (the three settings the page requires together)."""
+    io = options.device_resident_io
+    if io is None:
+        return None
+    return Call("executorch.exir.ExecutorchBackendConfig", "class", kwargs={
+        "propagate_device_config": Call(
+            "executorch.exir.passes.propagate_device_config.PropagateDeviceConfig", "class",
+            kwargs={"skip_h2d_for_method_inputs": io.inputs, "skip_d2h_for_method_outputs": io.outputs},
+        ),
+        # Copy insertion happens in device-aware memory planning; the skip flags need it.
+        "enable_non_cpu_memory_planning": True,
+        # An input the program plans itself is copied into, which puts the copy straight back.
+        "memory_planning_pass": Call(
+            "executorch.exir.passes.MemoryPlanningPass", "class",
+            kwargs={"alloc_graph_input": not io.inputs, "alloc_graph_output": io.planned_outputs},
+        ),
+    })
+
+
+def build_save_call(options: TensorRTOptions, method_name: str) -> Call:
+    """``torch_tensorrt.save(compiled, path, output_format="executorch", retrace=False, ...)``."""
+    kwargs: dict[str, Any] = {
+        "output_format": "executorch",
+        "arg_inputs": Slot(f"example_inputs.{method_name}"),
+        "retrace": False,
+    }
+    partitioners = build_partitioners(options, method_name)
+    if partitioners:
+        kwargs["partitioners"] = partitioners
+    config = build_backend_config(options)
+    if config is not None:
+        kwargs["backend_config"] = config
+    if options.cuda_graphs:
+        kwargs["use_cuda_graphs"] = True
+    return Call("torch_tensorrt.save", "function", args=(Slot(f"compiled.{method_name}"), Slot("pte_path")),
+                kwargs=kwargs)
+
+
+def build_steps(spec: BuildSpec) -> list[Step]:
+    """Every library call of a TensorRT export, in order, as data.
+
+    One method goes through ``torch_tensorrt.save``. ``save`` lowers a single method only, so
+    several methods go through ``torch_tensorrt.executorch.export`` with a mapping of
+    engine-bearing programs (each from ``torch_tensorrt.dynamo.export``), then
+    ``to_executorch``; the caller writes the result as ``save`` would.
+    """
+    options = _options(spec)
+    steps = [Step(build_compile_call(options, name, method), f"compiled.{name}") for name, method in spec.methods.items()]
+    if len(spec.methods) == 1:
+        return [*steps, Step(build_save_call(options, next(iter(spec.methods))))]
+    for name in spec.methods:
+        steps.append(Step(Call("torch_tensorrt.dynamo.export", "function", args=(Slot(f"compiled.{name}"),), kwargs={
+            "arg_inputs": Slot(f"example_inputs.{name}"),
+            "dynamic_shapes": Slot(f"dynamic_shapes.{name}"),
+            "use_legacy_exporter": False,
+        }), f"program.{name}"))
+    export_kwargs: dict[str, Any] = {}
+    if options.coalesce_cuda:
+        # One partitioner instance per method: the CUDA backend reads its method name from its specs.
+        export_kwargs["partitioners"] = {name: build_partitioners(options, name) for name in spec.methods}
+    if options.cuda_graphs:
+        export_kwargs["use_cuda_graphs"] = True
+    edge = Call("torch_tensorrt.executorch.export", "function",
+                args=({name: Slot(f"program.{name}") for name in spec.methods},), kwargs=export_kwargs)
+    to_executorch = Call("executorch.exir.EdgeProgramManager.to_executorch", "method", args=(Slot("edge"),),
+                         kwargs={"config": build_backend_config(options)})
+    return [*steps, Step(edge, "edge"), Step(to_executorch, "executorch_program")]
+
+
+# ---------------------------------------------------------------- checks before any work
+
+
+def _spec_problems(spec: BuildSpec, options: TensorRTOptions) -> list[str]:
+    problems = []
+    if spec.external_weights:
+        problems.append(
+            "external_weights: TensorRT engines carry their weights inside the .pte and the CUDA backend writes "
+            "its own aoti_cuda_blob.ptd; remove external_weights for target tensorrt"
+        )
+    if options.precision in LOW_PRECISION:
+        other = {"float16", "bfloat16"} - {LOW_PRECISION[options.precision]}
+        for name, method in spec.methods.items():
+            for inp in method.inputs:
+                if inp.dtype in other:
+                    problems.append(
+                        f"methods.{name}.inputs {inp.name!r}: dtype {inp.dtype} does not match target.precision "
+                        f"{options.precision!r}; use one low-precision type"
+                    )
+    return problems
+
+
+def _compile_option_problems(options: TensorRTOptions, toolchain: Toolchain) -> list[str]:
+    api = toolchain.torch_tensorrt_api
+    if api is None or not api.compile_keywords:
+        return []
+    problems = []
+    for name in options.compile_options:
+        if name not in api.compile_keywords:
+            close = difflib.get_close_matches(name, api.compile_keywords, n=3)
+            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            problems.append(
+                f"target.compile_options.{name}: torch_tensorrt.dynamo.compile (torch-tensorrt {api.version}) has no "
+                f"keyword {name!r} and would ignore it silently{hint}"
+            )
+    return problems
+
+
+def _library_problems(toolchain: Toolchain, install: str) -> list[str]:
+    problems = []
+    torch_minor = minor_version(toolchain.torch)
+    channel = toolchain.cuda_channel
+    tt = toolchain.torch_tensorrt
+    if tt is None:
+        problems.append(f"torch-tensorrt is not installed; install it with: {install}")
+    else:
+        tt_minor = minor_version(tt)
+        if tt_minor is not None and tt_minor < MIN_TORCH_TENSORRT:
+            problems.append(
+                f"torch-tensorrt {tt} is older than 2.14: it silently drops backend_config and the CUDA backend's .ptd; "
+                f"upgrade with: {install}"
+            )
+        if tt_minor is not None and torch_minor != tt_minor:
+            major, minor = tt_minor
+            problems.append(
+                f"torch-tensorrt {tt} needs torch {major}.{minor} (torch>={major}.{minor},<{major}.{minor + 1}), "
+                f"found torch {toolchain.torch}; install both from one channel with: {install}"
+            )
+        tt_channel = toolchain.torch_tensorrt_channel
+        if tt_channel and channel and tt_channel != channel:
+            problems.append(
+                f"torch-tensorrt {tt} is built for {tt_channel} but torch {toolchain.torch} is {channel}; keep torch, "
+                f"executorch and torch-tensorrt on one channel: {install}"
+            )
+        api = toolchain.torch_tensorrt_api
+        if toolchain.tensorrt is None:
+            problems.append(f"TensorRT is not installed (importing torch_tensorrt needs libnvinfer); install with: {install}")
+        elif api and api.tensorrt_version and minor_version(api.tensorrt_version) != minor_version(toolchain.tensorrt):
+            problems.append(
+                f"TensorRT {toolchain.tensorrt} does not match the {api.tensorrt_version} torch-tensorrt {tt} was "
+                f"built against; install with: {install}"
+            )
+    et = toolchain.executorch
+    if et is None:
+        problems.append(f"executorch is not installed; install its CUDA build with: {install}")
+    elif toolchain.executorch_cuda is False:
+        problems.append(
+            f"executorch {et} is a CPU build; the delegate needs a library only the CUDA wheels carry (a CPU build "
+            f"installs and then fails on import); install the CUDA build with: {install}"
+        )
+    elif channel_of(et) and channel and channel_of(et) != channel:
+        problems.append(f"executorch {et} is built for {channel_of(et)} but torch is {channel}; use one channel: {install}")
+    if toolchain.tensorrt_executorch_runtime is None:
+        problems.append(
+            f"{RUNTIME_PACKAGE} is not installed; validation loads the program with it. Install it with: "
+            + install_command(install_channel(channel), RUNTIME_PACKAGE)
+        )
+    return problems
+
+
+def _option_problems(spec: BuildSpec, options: TensorRTOptions, toolchain: Toolchain) -> list[str]:
+    problems = []
+    api = toolchain.torch_tensorrt_api
+    if options.cuda_graphs and api is not None:
+        several = len(spec.methods) > 1
+        keywords = api.export_keywords if several else api.save_keywords
+        if "use_cuda_graphs" not in keywords:
+            where = "torch_tensorrt.executorch.export()" if several else "torch_tensorrt.save()"
+            problems.append(
+                f"target.cuda_graphs: {where} of torch-tensorrt {toolchain.torch_tensorrt} does not accept "
+                f"use_cuda_graphs (it raises TypeError); CUDA graph replay needs {CUDA_GRAPHS_BUILD}: install a newer "
+                "nightly or build Torch-TensorRT from source, or set cuda_graphs: false"
+            )
+    if options.coalesce_cuda:
+        nvcc_minor = minor_version(toolchain.nvcc_version)
+        if toolchain.nvcc is None:
+            problems.append(
+                "target.coalesce_cuda: the CUDA backend compiles what TensorRT rejects with nvcc at export time, and "
+                "nvcc is not on PATH (nor in $CUDA_HOME/bin); install the CUDA 13 toolkit or set coalesce_cuda: false"
+            )
+        elif nvcc_minor is not None and nvcc_minor[0] != 13:
+            problems.append(
+                f"target.coalesce_cuda: nvcc {toolchain.nvcc_version} at {toolchain.nvcc} is not CUDA 13; put a CUDA 13 "
+                "toolkit's nvcc first on PATH"
+            )
+        if toolchain.triton is None:
+            problems.append("target.coalesce_cuda: the CUDA backend imports triton, which is not installed (torch's CUDA "
+                            "wheels bring it): install torch from its CUDA channel")
+    if options.hardware_compatible and toolchain.sm and toolchain.sm[2:].isdigit() and int(toolchain.sm[2:]) < 80:
+        problems.append(
+            f"target.hardware_compatible: hardware-compatible engines need an Ampere (sm80) or newer GPU; this one "
+            f"is {toolchain.sm}; set hardware_compatible: false"
+        )
+    io = options.device_resident_io
+    if io is not None and not io.planned_outputs and toolchain.executorch and (
+        version_key(toolchain.executorch) < version_key(UNPLANNED_OUTPUTS_EXECUTORCH)
+    ):
+        problems.append(
+            f"target.device_resident_io.planned_outputs: false needs ExecuTorch {UNPLANNED_OUTPUTS_EXECUTORCH} or newer "
+            f"for Python validation (found {toolchain.executorch}); keep outputs planned"
+        )
+    return problems
+
+
+def _platform_problems(toolchain: Toolchain, install: str) -> list[str]:
+    problems = []
+    if toolchain.os != "Linux" or toolchain.arch not in SUPPORTED_ARCHES:
+        problems.append(
+            f"the TensorRT target runs on Linux x86_64 or aarch64; this worker is {toolchain.os} {toolchain.arch}"
+        )
+    major = channel_cuda_major(toolchain.cuda_channel)
+    if toolchain.cuda_version is None:
+        problems.append(f"torch {toolchain.torch} is a CPU build; install its CUDA 13 build with: {install}")
+    elif major is not None and major < 13:
+        problems.append(
+            f"torch {toolchain.torch} is a CUDA {toolchain.cuda_version} build ({toolchain.cuda_channel}); CUDA 12 "
+            f"is not supported (the delegate links CUDA 13); install a CUDA 13 channel with: {install}"
+        )
+    if not toolchain.cuda_available or not toolchain.gpus:
+        problems.append("no NVIDIA GPU is visible to torch (torch.cuda.is_available() is False); run on a GPU worker")
+    return problems
+
+
+def _warnings(spec: BuildSpec, options: TensorRTOptions) -> list[str]:
+    warnings = []
+    if options.cuda_graphs and options.shared_scratch:
+        warnings.append(
+            "target.cuda_graphs with target.shared_scratch: an engine on the shared activation scratch always takes "
+            "the ordinary path, so CUDA graph replay will not happen"
+        )
+    if options.cuda_graphs and any(i.dynamic for m in spec.methods.values() for i in m.inputs):
+        warnings.append(
+            "target.cuda_graphs with dynamic shapes: shapes that change on every call never replay and still pay "
+            "the copies into the stable replay buffers"
+        )
+    if options.shared_scratch:
+        warnings.append(
+            "target.shared_scratch is a delegate runtime feature: it is recorded in the manifest's runtime hints "
+            "and does not change the export"
+        )
+    return warnings
+
+
+class TensorRTTarget(Target):
+    """TensorRT engines inside the .pte; optionally the CUDA backend for the operators TensorRT rejects."""
+
+    name = "tensorrt"
+
+    def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
+        options = _options(spec)
+        spec_problems = _spec_problems(spec, options) + _compile_option_problems(options, toolchain)
+        if spec_problems:
+            raise SpecError("invalid spec for target tensorrt:\n  - " + "\n  - ".join(spec_problems))
+        install = install_command(install_channel(toolchain.cuda_channel))
+        problems = (
+            _platform_problems(toolchain, install)
+            + _library_problems(toolchain, install)
+            + _option_problems(spec, options, toolchain)
+        )
+        if problems:
+            raise ToolchainMismatch(
+                f"this worker cannot build target tensorrt ({len(problems)} problems):\n  - " + "\n  - ".join(problems)
+            )
+        return _warnings(spec, options)
+
+    def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
+        options = _options(spec)
+        if not (toolchain.cuda_channel and toolchain.sm and toolchain.tensorrt):
+            raise ToolchainMismatch(
+                "the compat key of a TensorRT bundle needs the CUDA channel, GPU SM and TensorRT version; this "
+                f"worker has channel={toolchain.cuda_channel}, sm={toolchain.sm}, tensorrt={toolchain.tensorrt}"
+            )
+        sm = "sm80plus" if options.hardware_compatible else toolchain.sm
+        trt_minor = minor_version(toolchain.tensorrt)
+        trt = "trt-any" if options.version_compatible else f"trt{trt_minor[0]}.{trt_minor[1]}" if trt_minor else "trt"
+        return f"{toolchain.cuda_channel}-{sm}-{trt}-{toolchain.arch}"
+
+    def export_method(
+        self, module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any, spec: BuildSpec
+    ) -> ExportedProgram:
+        # Engines are built from a CUDA graph: export on the device they will run on.
+        return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
+
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> None:
+        from prefect_executorch.apisource import Sources
+        from prefect_executorch.inputs import dynamic_shapes, example_inputs
+
+        steps = build_steps(spec)
+        # dynamo.compile drops keywords it does not know: compare every call with the installed source first.
+        problems = check_calls(steps, Sources.installed("torch_tensorrt", "executorch"))
+        if problems:
+            raise ToolchainMismatch("the installed torch-tensorrt/executorch do not accept our calls:\n  - "
+                                    + "\n  - ".join(problems))
+        pte = out_dir / PROGRAM_FILE
+        slots: dict[str, Any] = {"pte_path": str(pte)}
+        for name, method in spec.methods.items():
+            slots[f"exported.{name}"] = programs[name]
+            slots[f"example_inputs.{name}"] = tuple(t.to("cuda") for t in example_inputs(method, seed=spec.validation.seed))
+            slots[f"dynamic_shapes.{name}"] = dynamic_shapes(method)
+        program = run_steps(steps, slots).get("executorch_program")
+        if program is not None:
+            # Serialize as torch_tensorrt.save does: the .pte, then any external data (.ptd) beside it.
+            with open(pte, "wb") as file:
+                program.write_to_file(file)
+            if program._tensor_data:
+                program.write_tensor_data_to_file(str(out_dir))
+
+    def runtime_setup(self) -> None:
+        import torch
+
+        # Eager FP32 must not use TF32 either, or it is the reference that is off.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        activate_delegate_runtime()
+
+    def prepare_input(self, tensor: torch.Tensor, spec: BuildSpec) -> torch.Tensor:
+        io = _options(spec).device_resident_io
+        return tensor.to("cuda") if io is not None and io.inputs else tensor
+
+    def eager_device(self, spec: BuildSpec) -> str:
+        return "cuda"
+
+    def compute_dtype(self, spec: BuildSpec) -> str | None:
+        return LOW_PRECISION.get(_options(spec).precision)
+
+    def runtime_hints(self, spec: BuildSpec, toolchain: Toolchain | None = None) -> dict[str, Any]:
+        options = _options(spec)
+        io = options.device_resident_io
+        return {
+            "input_device": "cuda" if io and io.inputs else "cpu",
+            "output_device": "cuda" if io and io.outputs else "cpu",
+            "wants_cuda_tensors": bool(io and io.inputs),
+            "planned_outputs": io.planned_outputs if io else True,
+            "cuda_graphs_requested": options.cuda_graphs,
+            "shared_scratch": options.shared_scratch,
+            "precision": options.precision,
+            "delegate_runtime": RUNTIME_PACKAGE,
+            "delegate_runtime_version": toolchain.tensorrt_executorch_runtime if toolchain else None,
+            "cuda_channel": toolchain.cuda_channel if toolchain else None,
+        }
+
+
+def activate_delegate_runtime() -> None:
+    """Register TensorRTBackend before anything loads ExecuTorch's runtime.
+
+    The backend page's contract is that importing the package registers the delegate. The 0.1.0
+    wheel registers nothing on import: its ``activate()`` swaps in a runtime with the delegate
+    built in, and refuses if ExecuTorch's stock runtime was imported first. Both are handled.
+    """
+    from prefect_executorch.runtime import backend_install_hint
+    from prefect_executorch.toolchain import local_cuda_channel
+
+    channel = local_cuda_channel()
+    try:
+        module = importlib.import_module(RUNTIME_MODULE)
+    except ImportError as exc:
+        raise ToolchainMismatch(f"{backend_install_hint('TensorRTBackend', channel)} ({exc})") from None
+    activate = getattr(module, "activate", None)
+    if callable(activate):
+        try:
+            activate()
+        except ImportError as exc:  # the wheel's DelegateCompatibilityError is an ImportError
+            fix = install_command(install_channel(channel), RUNTIME_PACKAGE)
+            raise ToolchainMismatch(
+                f"{RUNTIME_PACKAGE} is installed but cannot register TensorRTBackend ({type(exc).__name__}: {exc}); "
+                f"torch, executorch, torch-tensorrt and the runtime must come from one channel: {fix}"
+            ) from None

@@ -1,0 +1,424 @@
+"""The TensorRT target against the real torch-tensorrt 2.14.0 wheel and the installed ExecuTorch, without a GPU.
+
+The wheels come from ``tests/wheels.py`` and are read with ``ast``: importing torch-tensorrt needs TensorRT.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from packaging.requirements import Requirement
+
+from prefect_executorch.apisource import Sources, WheelRoot, installed_root
+from prefect_executorch.artifacts.manifest import BundleKey
+from prefect_executorch.calls import Call, Ref, check_calls, materialize, walk
+from prefect_executorch.errors import SpecError, ToolchainMismatch
+from prefect_executorch.spec import TENSORRT_OWNED_COMPILE_KEYWORDS, BuildSpec, parse_spec
+from prefect_executorch.targets import get_target
+from prefect_executorch.targets.tensorrt import RUNTIME_MODULE, build_backend_config, build_steps
+from prefect_executorch.toolchain import GpuInfo, Toolchain, read_torch_tensorrt_api
+
+from conftest import MODELS
+from wheels import DELEGATE_RUNTIME, TORCH_TENSORRT, download_wheel
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+TARGET = get_target("tensorrt")
+
+
+@pytest.fixture(scope="module")
+def trt_wheel() -> WheelRoot:
+    return WheelRoot(download_wheel(TORCH_TENSORRT))
+
+
+@pytest.fixture(scope="module")
+def runtime_wheel() -> WheelRoot:
+    return WheelRoot(download_wheel(DELEGATE_RUNTIME))
+
+
+@pytest.fixture(scope="module")
+def sources(trt_wheel: WheelRoot) -> Sources:
+    """torch-tensorrt from the real wheel, ExecuTorch from this environment (1.4.1)."""
+    executorch = installed_root("executorch")
+    assert executorch is not None, "executorch must be installed for these tests"
+    return Sources({"torch_tensorrt": trt_wheel, "executorch": executorch})
+
+
+def h200() -> Toolchain:
+    """A probe run on a real NVIDIA H200 worker: torch 2.11.0+cu130, no ExecuTorch, no TensorRT."""
+    return Toolchain.model_validate_json((FIXTURES / "probe_h200.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def ready(sources: Sources) -> Toolchain:
+    """The H200 with the backend page's stack installed on cu132 (versions as published; API from the wheel)."""
+    return h200().model_copy(update={
+        "torch": "2.14.0+cu132", "cuda_version": "13.2", "cuda_channel": "cu132",
+        "executorch": "1.4.1+cu132", "executorch_cuda": True,
+        "torch_tensorrt": "2.14.0", "torch_tensorrt_api": read_torch_tensorrt_api(sources),
+        "tensorrt": "11.1.0.3", "tensorrt_executorch_runtime": "0.1.0", "triton": "3.7.0",
+        "nvcc_version": "13.2",
+    })
+
+
+def trt_spec(factory: str = "mlp", methods: dict[str, Any] | None = None, **target: Any) -> BuildSpec:
+    return parse_spec({
+        "name": "m", "version": "1", "model": f"{MODELS}:{factory}",
+        "methods": methods or {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}},
+        "target": {"kind": "tensorrt", **target},
+    })
+
+
+def refusal(spec: BuildSpec, toolchain: Toolchain) -> str:
+    with pytest.raises(ToolchainMismatch) as info:
+        TARGET.check(spec, toolchain)
+    return str(info.value)
+
+
+TWO_METHODS = {
+    "forward": {"inputs": [{"name": "x", "shape": [4, 32], "dynamic": {0: {"min": 1, "max": 16, "name": "batch"}}}]},
+    "encode": {"inputs": [{"name": "x", "shape": [2, 32]}]},
+}
+DEVICE_IO = [None, True, {"inputs": True, "outputs": False}, {"inputs": False, "outputs": True, "planned_outputs": False}]
+
+
+# ------------------------------------------------------------------- conformance with the real sources
+
+
+def test_every_call_of_every_option_combination_fits_the_real_sources(sources: Sources) -> None:
+    combos = itertools.product(["fp32", "fp16", "bf16"], [False, True], DEVICE_IO, [False, True], [False, True],
+                               [False, True], [False, True])
+    checked = 0
+    for precision, coalesce, io, graphs, hardware, several, dynamic in combos:
+        methods = TWO_METHODS if several else {"forward": TWO_METHODS["forward" if dynamic else "encode"]}
+        spec = trt_spec(methods=methods, precision=precision, coalesce_cuda=coalesce, device_resident_io=io,
+                        cuda_graphs=graphs, hardware_compatible=hardware, version_compatible=hardware,
+                        compile_options={"optimization_level": 3})
+        problems = check_calls(build_steps(spec), sources)
+        # 2.14.0 has no CUDA graph replay at export; everything else must fit exactly.
+        callee = "torch_tensorrt.executorch.export" if several else "torch_tensorrt.save"
+        assert problems == ([f"{callee} does not accept the keyword 'use_cuda_graphs'"] if graphs else []), spec.target
+        checked += 1
+    assert checked == 3 * 2 * 4 * 2 ** 4
+
+
+def test_a_renamed_keyword_or_class_upstream_fails_the_check(sources: Sources) -> None:
+    renamed = [
+        Call("torch_tensorrt.dynamo.compile", "function", kwargs={"enabled_precisions": {"fp16"}}),
+        Call("executorch.backends.cuda.cuda_partitioner.CudaPartitioner", "class", args=([], [])),
+        Call("executorch.exir.passes.MemoryPlanningPass", "class", kwargs={"alloc_graph_inputs": False}),
+        Call("executorch.backends.cuda.cuda_backend.CudaBackend.generate_method_name_compile_spec", "function"),
+        Call("torch_tensorrt.executorch.TensorRTPartitioner2", "class"),
+    ]
+    problems = check_calls(renamed, sources)
+    assert problems == [
+        "torch_tensorrt.dynamo.compile does not accept the keyword 'enabled_precisions'",
+        "executorch.backends.cuda.cuda_partitioner.CudaPartitioner takes 1 positional arguments, we pass 2",
+        "executorch.exir.passes.MemoryPlanningPass does not accept the keyword 'alloc_graph_inputs'",
+        "executorch.backends.cuda.cuda_backend.CudaBackend.generate_method_name_compile_spec is a classmethod in "
+        "the installed source, expected a function",
+        "torch_tensorrt.executorch.TensorRTPartitioner2: torch_tensorrt.executorch has no 'TensorRTPartitioner2'",
+    ]
+
+
+def test_dtype_refs_exist_in_torch() -> None:
+    refs = {v.path for s in build_steps(trt_spec(precision="fp16")) for c in walk(s) for v in c.kwargs.values()
+            if isinstance(v, Ref)}
+    refs |= {i.kwargs["dtype"].path for s in build_steps(trt_spec()) for c in walk(s) if c.callee.endswith(".Input")
+             for i in [c]}
+    assert refs == {"torch.float16", "torch.float32"}
+    assert all(materialize(Ref(path), {}) is not None for path in refs)
+
+
+def test_our_defaults_and_ids_match_the_wheel(sources: Sources, runtime_wheel: WheelRoot) -> None:
+    assert trt_spec().target.min_block_size == sources.constant("torch_tensorrt.dynamo._defaults.MIN_BLOCK_SIZE")
+    assert sources.resolve("torch_tensorrt.executorch.TensorRTBackend").kind == "class"
+    runtime = Sources({RUNTIME_MODULE: runtime_wheel})
+    assert runtime.constant(f"{RUNTIME_MODULE}.BACKEND_NAME") == "TensorRTBackend"
+    activate = runtime.resolve(f"{RUNTIME_MODULE}.activate")
+    assert activate.kind == "function" and runtime.params(activate).positional == []
+    # Every keyword the spec reserves for the target is a real parameter of dynamo.compile.
+    compile_params = sources.params(sources.resolve("torch_tensorrt.dynamo.compile"))
+    assert set(TENSORRT_OWNED_COMPILE_KEYWORDS) <= compile_params.keywords | set(compile_params.positional)
+
+
+def test_probe_reads_the_api_from_the_wheel(sources: Sources) -> None:
+    api = read_torch_tensorrt_api(sources)
+    assert (api.version, api.cuda_version, api.tensorrt_version, api.cuda_channel) == ("2.14.0", "13.2", "11.1.0", "cu132")
+    assert {"partitioners", "backend_config", "retrace", "arg_inputs"} <= set(api.save_keywords)
+    assert "use_cuda_graphs" not in api.save_keywords
+    # 2.14 networks are strongly typed: the old precision keywords are gone, autocast replaced them.
+    assert {"enable_autocast", "autocast_low_precision_type"} <= set(api.compile_keywords)
+    assert not {"enabled_precisions", "use_explicit_typing"} & set(api.compile_keywords)
+
+
+def test_install_extra_matches_the_wheels_requirements(trt_wheel: WheelRoot, runtime_wheel: WheelRoot) -> None:
+    extra = {Requirement(r).name: Requirement(r) for r in
+             tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tensorrt"]}
+    wheel = [Requirement(line.split(":", 1)[1]) for line in trt_wheel.dist_info("METADATA").splitlines()
+             if line.startswith("Requires-Dist:")]
+    torch_req = next(r for r in wheel if r.name == "torch" and r.marker is None)
+    executorch_req = next(r for r in wheel if r.name == "executorch" and "executorch" in str(r.marker))
+    assert extra["torch"].specifier == torch_req.specifier
+    assert extra["executorch"].specifier == executorch_req.specifier
+    assert "executorch" in extra["torch-tensorrt"].extras and extra["torch-tensorrt"].specifier.contains("2.14.0")
+    # The check pairs torch-tensorrt X.Y with torch X.Y: that is what the wheel requires.
+    assert str(torch_req.specifier) in (">=2.14.0,<2.15.0", "<2.15.0,>=2.14.0")
+    runtime = [Requirement(line.split(":", 1)[1]) for line in runtime_wheel.dist_info("METADATA").splitlines()
+               if line.startswith("Requires-Dist:")]
+    pinned = next(r for r in runtime if r.name == "executorch")
+    assert extra["executorch"].specifier.contains(next(iter(pinned.specifier)).version)
+    assert extra["torch-tensorrt-executorch-runtime"].specifier.contains("0.1.0")
+
+
+# ------------------------------------------------------------------- call construction
+
+
+def test_single_method_saves_with_retrace_false_and_every_option() -> None:
+    spec = trt_spec(precision="bf16", coalesce_cuda=True, device_resident_io=True, cuda_graphs=True,
+                    hardware_compatible=True, min_block_size=1, compile_options={"optimization_level": 5})
+    compile_step, save_step = build_steps(spec)
+    assert compile_step.result == "compiled.forward"
+    assert compile_step.call.kwargs["min_block_size"] == 1
+    assert compile_step.call.kwargs["enable_autocast"] is True
+    assert compile_step.call.kwargs["autocast_low_precision_type"] == Ref("torch.bfloat16")
+    assert compile_step.call.kwargs["disable_tf32"] is False
+    assert compile_step.call.kwargs["hardware_compatible"] is True
+    assert compile_step.call.kwargs["optimization_level"] == 5
+    save = save_step.call
+    assert save.callee == "torch_tensorrt.save"
+    assert save.kwargs["output_format"] == "executorch" and save.kwargs["retrace"] is False
+    assert save.kwargs["use_cuda_graphs"] is True
+    (partitioner,) = save.kwargs["partitioners"]
+    assert partitioner.callee.endswith("CudaPartitioner")
+    (method_spec,) = partitioner.args[0]
+    assert method_spec.args == ("forward",)
+    config = save.kwargs["backend_config"]
+    assert config.kwargs["enable_non_cpu_memory_planning"] is True
+    assert dict(config.kwargs["propagate_device_config"].kwargs) == {
+        "skip_h2d_for_method_inputs": True, "skip_d2h_for_method_outputs": True}
+    assert dict(config.kwargs["memory_planning_pass"].kwargs) == {"alloc_graph_input": False, "alloc_graph_output": True}
+
+
+def test_fp32_default_has_no_autocast_and_no_tf32() -> None:
+    compile_call = build_steps(trt_spec())[0].call
+    assert compile_call.kwargs["disable_tf32"] is True
+    assert "enable_autocast" not in compile_call.kwargs and "autocast_low_precision_type" not in compile_call.kwargs
+    assert "partitioners" not in build_steps(trt_spec())[1].call.kwargs
+    assert "backend_config" not in build_steps(trt_spec())[1].call.kwargs
+
+
+def test_dynamic_dims_become_min_opt_max_inputs() -> None:
+    methods = {"forward": {"inputs": [
+        {"name": "x", "shape": [4, 32], "dynamic": {0: {"min": 1, "max": 16, "opt": 8}}},
+        {"name": "mask", "shape": [4, 32], "dtype": "bool"},
+    ]}}
+    x, mask = build_steps(trt_spec(methods=methods))[0].call.kwargs["arg_inputs"]
+    assert dict(x.kwargs) == {"min_shape": [1, 32], "opt_shape": [8, 32], "max_shape": [16, 32],
+                              "dtype": Ref("torch.float32"), "name": "x"}
+    assert dict(mask.kwargs) == {"shape": [4, 32], "dtype": Ref("torch.bool"), "name": "mask"}
+
+
+def test_two_methods_go_through_executorch_export_with_a_partitioner_per_method() -> None:
+    steps = build_steps(trt_spec(methods=TWO_METHODS, coalesce_cuda=True, device_resident_io=True))
+    assert [s.result for s in steps] == ["compiled.forward", "compiled.encode", "program.forward", "program.encode",
+                                         "edge", "executorch_program"]
+    export = steps[2].call
+    assert export.callee == "torch_tensorrt.dynamo.export" and export.kwargs["use_legacy_exporter"] is False
+    edge = steps[4].call
+    assert edge.callee == "torch_tensorrt.executorch.export" and set(edge.args[0]) == {"forward", "encode"}
+    for method, (partitioner,) in edge.kwargs["partitioners"].items():
+        assert partitioner.args[0][0].args == (method,)
+    assert steps[5].call.kwargs["config"].callee == "executorch.exir.ExecutorchBackendConfig"
+
+
+def test_device_resident_config_is_accepted_by_real_executorch() -> None:
+    for io in DEVICE_IO[1:]:
+        config = materialize(build_backend_config(trt_spec(device_resident_io=io).target), {})
+        spec_io = trt_spec(device_resident_io=io).target.device_resident_io
+        assert config.enable_non_cpu_memory_planning is True
+        assert config.propagate_device_config.skip_h2d_for_method_inputs is spec_io.inputs
+        assert config.memory_planning_pass.alloc_graph_input is (not spec_io.inputs)
+        assert config.memory_planning_pass.alloc_graph_output is spec_io.planned_outputs
+
+
+# ------------------------------------------------------------------- spec refusals
+
+
+@pytest.mark.parametrize("target, field, words", [
+    ({"retrace": True}, "target.tensorrt.retrace", "drops the TensorRT engines"),
+    ({"compile_options": {"min_block_size": 1}}, "target.tensorrt.compile_options", "set target.min_block_size"),
+    ({"compile_options": {"enable_autocast": True}}, "target.tensorrt.compile_options", "set target.precision"),
+    ({"device_resident_io": {"inputs": False, "outputs": False}}, "target.tensorrt.device_resident_io", "use device_resident_io: false"),
+    ({"device_resident_io": {"outputs": False, "planned_outputs": False}}, "target.tensorrt.device_resident_io", "outputs: true"),
+    ({"precision": "fp8"}, "target.tensorrt.precision", "'fp8'"),
+    ({"use_cuda_graph": True}, "target.tensorrt.use_cuda_graph", "unknown field"),
+    ({"min_block_size": 0}, "target.tensorrt.min_block_size", "greater than or equal to 1"),
+])
+def test_bad_target_options_name_their_field(target: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(SpecError) as info:
+        trt_spec(**target)
+    assert field in str(info.value) and words in str(info.value)
+
+
+def test_unknown_compile_option_is_refused_with_a_suggestion(ready: Toolchain) -> None:
+    with pytest.raises(SpecError) as info:
+        TARGET.check(trt_spec(compile_options={"optimisation_level": 3}), ready)
+    message = str(info.value)
+    assert "target.compile_options.optimisation_level" in message and "ignore it silently" in message
+    assert "did you mean 'optimization_level'" in message
+
+
+def test_external_weights_and_mixed_low_precision_are_refused(ready: Toolchain) -> None:
+    spec = trt_spec(precision="fp16").model_copy(update={"external_weights": True})
+    methods = {"forward": {"inputs": [{"name": "x", "shape": [2, 32], "dtype": "bfloat16"}]}}
+    with pytest.raises(SpecError) as info:
+        TARGET.check(spec, ready)
+    assert "external_weights" in str(info.value)
+    with pytest.raises(SpecError) as info:
+        TARGET.check(trt_spec(methods=methods, precision="fp16"), ready)
+    assert "methods.forward.inputs 'x': dtype bfloat16 does not match target.precision 'fp16'" in str(info.value)
+
+
+# ------------------------------------------------------------------- toolchain refusals from real data
+
+
+def test_the_real_h200_probe_is_refused_for_what_it_lacks() -> None:
+    message = refusal(trt_spec(), h200())
+    assert "torch-tensorrt is not installed" in message
+    assert "executorch is not installed" in message
+    assert "torch-tensorrt-executorch-runtime is not installed" in message
+    # Its torch is cu130: the install line keeps that channel.
+    assert "--index-url https://download.pytorch.org/whl/nightly/cu130" in message
+    assert "--pre" in message and "https://pypi.nvidia.com" in message and "https://pypi.org/simple" in message
+
+
+def test_torch_tensorrt_2_14_on_the_h200s_torch_2_11_is_refused(ready: Toolchain) -> None:
+    toolchain = h200().model_copy(update={
+        "torch_tensorrt": "2.14.0", "torch_tensorrt_api": ready.torch_tensorrt_api, "tensorrt": "11.1.0.3",
+        "executorch": "1.4.1+cu130", "executorch_cuda": True, "tensorrt_executorch_runtime": "0.1.0"})
+    message = refusal(trt_spec(), toolchain)
+    assert "torch-tensorrt 2.14.0 needs torch 2.14 (torch>=2.14,<2.15), found torch 2.11.0+cu130" in message
+    # The PyPI wheel is built for CUDA 13.2; the H200's torch is the cu130 build.
+    assert "torch-tensorrt 2.14.0 is built for cu132 but torch 2.11.0+cu130 is cu130" in message
+
+
+def test_the_page_stack_passes_and_gets_its_compat_keys(ready: Toolchain) -> None:
+    assert TARGET.check(trt_spec(coalesce_cuda=True, device_resident_io=True), ready) == []
+    assert TARGET.compat(trt_spec(), ready) == "cu132-sm90-trt11.1-x86_64"
+    assert TARGET.compat(trt_spec(hardware_compatible=True), ready) == "cu132-sm80plus-trt11.1-x86_64"
+    assert TARGET.compat(trt_spec(version_compatible=True), ready) == "cu132-sm90-trt-any-x86_64"
+    key = BundleKey(name="m", version="1", target="tensorrt",
+                    compat=TARGET.compat(trt_spec(hardware_compatible=True, version_compatible=True), ready))
+    assert key.prefix == "m/1/tensorrt/cu132-sm80plus-trt-any-x86_64"
+
+
+@pytest.mark.parametrize("update, words", [
+    ({"cuda_available": False, "gpus": []}, "no NVIDIA GPU is visible"),
+    ({"torch": "2.14.0+cpu", "cuda_version": None, "cuda_channel": None}, "torch 2.14.0+cpu is a CPU build"),
+    ({"torch": "2.14.0+cu128", "cuda_version": "12.8", "cuda_channel": "cu128"}, "CUDA 12 is not supported"),
+    ({"os": "Darwin", "arch": "arm64"}, "Linux x86_64 or aarch64; this worker is Darwin arm64"),
+    ({"os": "Linux", "arch": "ppc64le"}, "this worker is Linux ppc64le"),
+    ({"executorch": "1.4.1", "executorch_cuda": False}, "executorch 1.4.1 is a CPU build"),
+    ({"executorch": "1.4.1+cu130"}, "executorch 1.4.1+cu130 is built for cu130 but torch is cu132"),
+    ({"torch": "2.14.0+cu130", "cuda_channel": "cu130", "executorch": "1.4.1+cu130"},
+     "torch-tensorrt 2.14.0 is built for cu132 but torch 2.14.0+cu130 is cu130"),
+    ({"torch_tensorrt": "2.13.0+cu132", "torch": "2.13.0+cu132"}, "older than 2.14: it silently drops backend_config"),
+    ({"tensorrt": None}, "TensorRT is not installed"),
+    ({"tensorrt": "10.13.3.9"}, "TensorRT 10.13.3.9 does not match the 11.1.0"),
+    ({"tensorrt_executorch_runtime": None}, "pip install --pre torch-tensorrt-executorch-runtime --index-url "
+     "https://download.pytorch.org/whl/nightly/cu132"),
+])
+def test_toolchain_refusals(ready: Toolchain, update: dict[str, Any], words: str) -> None:
+    assert words in refusal(trt_spec(), ready.model_copy(update=update))
+
+
+@pytest.mark.parametrize("target, update, words", [
+    ({"cuda_graphs": True}, {}, "torch_tensorrt.save() of torch-tensorrt 2.14.0 does not accept use_cuda_graphs"),
+    ({"cuda_graphs": True}, {}, "newer than the 2026-10-06 nightly"),
+    ({"coalesce_cuda": True}, {"nvcc": None, "nvcc_version": None}, "nvcc is not on PATH"),
+    ({"coalesce_cuda": True}, {"nvcc_version": "12.8"}, "nvcc 12.8 at /usr/local/cuda/bin/nvcc is not CUDA 13"),
+    ({"coalesce_cuda": True}, {"triton": None}, "imports triton"),
+    ({"hardware_compatible": True}, {"gpus": [GpuInfo(index=0, name="Tesla T4", sm="sm75", total_memory_mib=15095)]},
+     "need an Ampere (sm80) or newer GPU; this one is sm75"),
+    ({"device_resident_io": {"planned_outputs": False}}, {}, "needs ExecuTorch 1.6.0.dev20261008 or newer"),
+])
+def test_option_refusals(ready: Toolchain, target: dict[str, Any], update: dict[str, Any], words: str) -> None:
+    assert words in refusal(trt_spec(**target), ready.model_copy(update=update))
+
+
+def test_cuda_graphs_for_two_methods_names_executorch_export(ready: Toolchain) -> None:
+    message = refusal(trt_spec(methods=TWO_METHODS, cuda_graphs=True), ready)
+    assert "torch_tensorrt.executorch.export() of torch-tensorrt 2.14.0 does not accept use_cuda_graphs" in message
+
+
+def test_newer_builds_unlock_unplanned_outputs_and_cuda_graphs_with_warnings(ready: Toolchain) -> None:
+    api = ready.torch_tensorrt_api
+    assert api is not None
+    newer = ready.model_copy(update={
+        "executorch": "1.6.0.dev20261010+cu132", "torch_tensorrt": "2.15.0.dev20261012+cu132",
+        "torch": "2.15.0.dev20261012+cu132",
+        "torch_tensorrt_api": api.model_copy(update={"save_keywords": [*api.save_keywords, "use_cuda_graphs"]})})
+    spec = trt_spec(methods={"forward": TWO_METHODS["forward"]}, cuda_graphs=True, shared_scratch=True,
+                    device_resident_io={"planned_outputs": False})
+    warnings = TARGET.check(spec, newer)
+    assert any("CUDA graph replay will not happen" in w for w in warnings)
+    assert any("dynamic shapes" in w and "never replay" in w for w in warnings)
+    assert any("shared_scratch is a delegate runtime feature" in w for w in warnings)
+
+
+def test_runtime_hints_and_precision(ready: Toolchain) -> None:
+    spec = trt_spec(device_resident_io={"inputs": True, "outputs": False}, cuda_graphs=True, shared_scratch=True,
+                    precision="fp16")
+    hints = TARGET.runtime_hints(spec, ready)
+    assert hints["wants_cuda_tensors"] is True and hints["input_device"] == "cuda" and hints["output_device"] == "cpu"
+    assert hints["cuda_graphs_requested"] is True and hints["shared_scratch"] is True
+    assert hints["delegate_runtime"] == "torch-tensorrt-executorch-runtime" and hints["delegate_runtime_version"] == "0.1.0"
+    assert TARGET.compute_dtype(spec) == "float16" and TARGET.compute_dtype(trt_spec()) is None
+    assert TARGET.eager_device(spec) == "cuda"
+
+
+# ------------------------------------------------------------------- the probe on a bare GPU host
+
+#: What a GPU host may lack: the probe must run with torch and pydantic alone.
+_ABSENT = ("prefect", "executorch", "yaml", "typer", "rich", "boto3", "packaging")
+_PROBE_WITH_ONLY_TORCH_AND_PYDANTIC = f"""
+import runpy, sys
+class Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {_ABSENT!r}:
+            raise ModuleNotFoundError(f"absent: {{name}}", name=name)
+sys.meta_path.insert(0, Absent())
+try:
+    runpy.run_module("prefect_executorch.toolchain", run_name="__main__", alter_sys=True)  # as python -m does
+finally:
+    # torch-tensorrt may be found, never imported: importing it needs TensorRT.
+    if any(m.split(".")[0] in ("torch_tensorrt", "tensorrt") for m in sys.modules):
+        sys.exit("the probe imported torch_tensorrt")
+"""
+
+
+def test_probe_module_runs_with_only_torch_and_pydantic_and_reads_an_installed_wheel(
+    trt_wheel: WheelRoot, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+    import zipfile
+
+    import torch
+
+    # Installed the way pip lays a wheel out (package + dist-info), but TensorRT is absent: never imported.
+    zipfile.ZipFile(trt_wheel.wheel).extractall(tmp_path)
+    result = subprocess.run([sys.executable, "-c", _PROBE_WITH_ONLY_TORCH_AND_PYDANTIC], capture_output=True,
+                            text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    probed = Toolchain.model_validate_json(result.stdout)
+    assert probed.torch == torch.__version__ and probed.torch_tensorrt == "2.14.0"
+    assert probed.torch_tensorrt_api is not None and probed.torch_tensorrt_channel == "cu132"
+    assert "use_cuda_graphs" not in probed.torch_tensorrt_api.save_keywords
+    message = refusal(trt_spec(), probed)
+    assert f"torch {torch.__version__} is a CPU build" in message and "TensorRT is not installed" in message
