@@ -35,12 +35,12 @@ COMMANDS: dict[str, str] = {
     "export": "prefect_executorch.exporter:export_in_child",
     "validate": "prefect_executorch.validator:validate_in_child",
 }
-#: What the forkserver imports once, so that children do not (missing ones are skipped).
+#: What the forkserver imports once, so that children do not (missing ones are skipped). Never the
+#: ExecuTorch runtime: the TensorRT delegate package must swap in its own before the stock one loads.
 PRELOAD = [
     "torch",
     "executorch.exir",
     "executorch.backends.xnnpack.partition.xnnpack_partitioner",
-    "executorch.extension.pybindings.portable_lib",
     "prefect_executorch.exporter",
     "prefect_executorch.validator",
 ]
