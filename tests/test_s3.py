@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from botocore.exceptions import ClientError
+from prefect import flow
 from helpers import set_aws_env, spec_data
 from test_build import check_bundle_runs
 from typer.testing import CliRunner
@@ -260,7 +261,11 @@ def test_swapped_ptd_refused(built: Built, s3_env: SeaweedS3, tmp_path: Path) ->
     with pytest.raises(IntegrityError, match="model.ptd: sha256"):
         pull(store, ref_a.key, tmp_path / "a")
     assert not (tmp_path / "a").exists()
-    pulled = pull_bundle(store.url, "convnet", str(tmp_path / "b"), version="5", compat=ref_b.key.compat)
+    @flow
+    def pull_b() -> Manifest:
+        return pull_bundle(store.url, "convnet", str(tmp_path / "b"), version="5", compat=ref_b.key.compat)
+
+    pulled = pull_b()
     assert pulled.data_files == ["model.ptd"] and verify_bundle_dir(tmp_path / "b") == pulled
 
 
