@@ -109,6 +109,12 @@ def synthetic(root: Path, built: Built, version: str, *, ptd: bytes | None = Non
     return bundle, manifest
 
 
+@flow
+def pull_in_a_flow(store: str, name: str, dest: str, version: str, compat: str) -> Manifest:
+    """The pull task as a deployment runs it."""
+    return pull_bundle(store, name, dest, version=version, compat=compat)
+
+
 def count_requests(store: S3Store) -> list[str]:
     """Every HTTP attempt the store's client makes from now on (retries included)."""
     sent: list[str] = []
@@ -257,16 +263,13 @@ def test_swapped_ptd_refused(built: Built, s3_env: SeaweedS3, tmp_path: Path) ->
     ref_a = publish(store, *synthetic(tmp_path, built, "4", ptd=b"a" * 5000))
     ref_b = publish(store, *synthetic(tmp_path, built, "5", ptd=b"b" * 5000))
     s3_env.client().copy_object(Bucket=store.bucket, Key=f"reg/{ref_a.key.key('model.ptd')}",
-                             CopySource={"Bucket": store.bucket, "Key": f"reg/{ref_b.key.key('model.ptd')}"})
+                                CopySource={"Bucket": store.bucket, "Key": f"reg/{ref_b.key.key('model.ptd')}"})
     with pytest.raises(IntegrityError, match="model.ptd: sha256"):
         pull(store, ref_a.key, tmp_path / "a")
     assert not (tmp_path / "a").exists()
-    @flow
-    def pull_b() -> Manifest:
-        return pull_bundle(store.url, "convnet", str(tmp_path / "b"), version="5", compat=ref_b.key.compat)
-
-    pulled = pull_b()
-    assert pulled.data_files == ["model.ptd"] and verify_bundle_dir(tmp_path / "b") == pulled
+    pulled = pull_in_a_flow(store.url, "convnet", str(tmp_path / "b"), "5", ref_b.key.compat)
+    assert isinstance(pulled, Manifest) and pulled.data_files == ["model.ptd"]
+    assert verify_bundle_dir(tmp_path / "b") == pulled
 
 
 @pytest.mark.parametrize("bad", ["a/b", "..", "", "Upper", "../etc"])
