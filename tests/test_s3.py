@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from botocore.exceptions import ClientError
+from prefect import flow
 from helpers import set_aws_env, spec_data
 from test_build import check_bundle_runs
 from typer.testing import CliRunner
@@ -106,6 +107,12 @@ def synthetic(root: Path, built: Built, version: str, *, ptd: bytes | None = Non
         "created_at": datetime.now(timezone.utc),
     })
     return bundle, manifest
+
+
+@flow
+def pull_in_a_flow(store: str, name: str, dest: str, version: str, compat: str) -> Manifest:
+    """The pull task as a deployment runs it."""
+    return pull_bundle(store, name, dest, version=version, compat=compat)
 
 
 def count_requests(store: S3Store) -> list[str]:
@@ -256,12 +263,13 @@ def test_swapped_ptd_refused(built: Built, s3_env: SeaweedS3, tmp_path: Path) ->
     ref_a = publish(store, *synthetic(tmp_path, built, "4", ptd=b"a" * 5000))
     ref_b = publish(store, *synthetic(tmp_path, built, "5", ptd=b"b" * 5000))
     s3_env.client().copy_object(Bucket=store.bucket, Key=f"reg/{ref_a.key.key('model.ptd')}",
-                             CopySource={"Bucket": store.bucket, "Key": f"reg/{ref_b.key.key('model.ptd')}"})
+                                CopySource={"Bucket": store.bucket, "Key": f"reg/{ref_b.key.key('model.ptd')}"})
     with pytest.raises(IntegrityError, match="model.ptd: sha256"):
         pull(store, ref_a.key, tmp_path / "a")
     assert not (tmp_path / "a").exists()
-    pulled = pull_bundle(store.url, "convnet", str(tmp_path / "b"), version="5", compat=ref_b.key.compat)
-    assert pulled.data_files == ["model.ptd"] and verify_bundle_dir(tmp_path / "b") == pulled
+    pulled = pull_in_a_flow(store.url, "convnet", str(tmp_path / "b"), "5", ref_b.key.compat)
+    assert isinstance(pulled, Manifest) and pulled.data_files == ["model.ptd"]
+    assert verify_bundle_dir(tmp_path / "b") == pulled
 
 
 @pytest.mark.parametrize("bad", ["a/b", "..", "", "Upper", "../etc"])
