@@ -8,11 +8,12 @@ from pathlib import Path
 
 from prefect import flow
 
-from prefect_executorch.artifacts.registry import BundleRef
+from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.flows.matrix import build_matrix
 from prefect_executorch.placement import MatrixCell
-from prefect_executorch.retrain import parse_request
+from prefect_executorch.retrain import parse_request, promotion_aliases
 from prefect_executorch.spec import BuildSpec
+from prefect_executorch.tasks.promote import promote_alias
 from prefect_executorch.tasks.weights import fetch_weights
 
 
@@ -27,13 +28,14 @@ def retrain(
     weights_sha256: str | None = None,
     alias: str = "staging",
     output: str | None = None,
-) -> list[BundleRef]:
+) -> list[AliasRecord]:
     """Fetch ``weights_uri``, build ``spec`` with it for every target, then move ``alias`` to the new bundles.
 
     The parameters are the ``model.retrain.requested`` payload (see ``prefect_executorch.retrain``)
     plus the deployment's spec, targets and store. The version defaults to
     ``<spec version>-<sha256[:12]>`` of the weights, so a repeated request rebuilds nothing.
-    Nothing is promoted unless every build validated and published.
+    Nothing is promoted unless every build validated and published; one target moves ``alias``,
+    several move ``<alias>-<compat>`` each (an alias points at one bundle).
     """
     request = parse_request({"name": name, "weights_uri": weights_uri, "version": version, "weights_sha256": weights_sha256})
     request.check_spec(spec)
@@ -48,4 +50,7 @@ def retrain(
     finally:
         if output is None:
             shutil.rmtree(work_dir, ignore_errors=True)
-    return refs
+    return [
+        promote_alias(store, key.name, key.version, name_of_alias, target=key.target, compat=key.compat)
+        for name_of_alias, key in promotion_aliases(alias, [ref.key for ref in refs])
+    ]

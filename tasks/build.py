@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
@@ -18,6 +19,9 @@ from prefect_executorch.tasks.publish import publish_bundle
 from prefect_executorch.tasks.validate import validate_export
 from prefect_executorch.toolchain import Toolchain
 
+if TYPE_CHECKING:
+    from prefect.blocks.core import Block
+
 
 def bundle_key(spec: BuildSpec, compat: str) -> BundleKey:
     """Where ``spec`` built for ``compat`` is published."""
@@ -25,13 +29,15 @@ def bundle_key(spec: BuildSpec, compat: str) -> BundleKey:
 
 
 @task(name="is-published")
-def is_published(spec: BuildSpec, compat: str, store: str) -> bool:
+def is_published(spec: BuildSpec, compat: str, store: str | Block) -> bool:
     """Whether the bundle's manifest exists in the store (a cached result is only trusted if it does)."""
     return open_store(store).exists(bundle_key(spec, compat).key(MANIFEST_FILE))
 
 
 @task(name="build-and-publish", cache_policy=BuildCachePolicy(), persist_result=True)
-def build_and_publish(spec: BuildSpec, toolchain: Toolchain, compat: str, store: str, output_root: Path) -> BundleRef:
+def build_and_publish(
+    spec: BuildSpec, toolchain: Toolchain, compat: str, store: str | Block, output_root: Path
+) -> BundleRef:
     """Export, validate and publish; a cache hit returns the published bundle without exporting."""
     # Validation runs the engine too, so it holds the GPU as long as the export does.
     with gpu_slot(needs_cuda(spec.target_name)) as slot:

@@ -6,11 +6,12 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from prefect_executorch.tasks.retries import retry_transient
 from prefect_executorch.weights import FetchedWeights
 from prefect_executorch.weights import fetch_weights as fetch
 
 
-@task(name="fetch-weights")
+@task(name="fetch-weights", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=retry_transient)
 def fetch_weights(uri: str, dest_dir: Path, expected_sha256: str | None = None) -> FetchedWeights:
     """Download ``uri`` into ``dest_dir``, verified against ``expected_sha256`` when given."""
     fetched = fetch(uri, dest_dir, expected_sha256)

@@ -95,3 +95,24 @@ def test_fingerprint_follows_content_not_paths(make_spec, toolchain: Toolchain, 
     other = toolchain.model_copy(update={"executorch": "9.9.9"})
     assert build_fingerprint(make_spec("mlp", weights=str(a)), other, "cpu-xnnpack-x86_64", "/s").key() != base
     assert build_fingerprint(make_spec("mlp", weights=str(a)), toolchain, "cpu-xnnpack-x86_64", "/t").key() != base
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_failed_cell_fails_the_retrain_and_promotes_nothing(make_spec, tmp_path: Path) -> None:
+    from prefect_executorch.artifacts.aliases import list_aliases
+    from prefect_executorch.errors import BuildFailed
+    from prefect_executorch.flows.retrain import retrain
+
+    spec = make_spec("raises")
+    weights = tmp_path / "w.pt"
+    torch.save({}, weights)
+    store = LocalStore(tmp_path / "store")
+    cells = [{"target": "xnnpack"}, {"target": "portable"}]
+    with pytest.raises(BuildFailed) as info:
+        retrain(name="raises", weights_uri=str(weights), spec=spec, targets=cells, store=str(store.root),
+                output=str(tmp_path / "out"))
+    message = str(info.value)
+    assert "2 of 2 builds of raises 1-" in message
+    assert "xnnpack@cpu: Failed" in message and "portable@cpu: Failed" in message
+    assert "factory exploded on purpose" in message
+    assert list_aliases(store, "raises") == {} and store.list("raises/") == []

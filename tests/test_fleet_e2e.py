@@ -1,8 +1,8 @@
 """The fleet for real: `prefect server start`, `prefect-executorch deploy`, workers as subprocesses.
 
-One server and one CPU worker for the module; a deployed matrix build, an event-triggered retrain
-and a run refused by a worker whose pool's channel this machine does not have. Every process is
-started with Popen and stopped by its pid.
+One server, one CPU worker and a SeaweedFS bucket as the store for the module; a deployed matrix
+build, an event-triggered retrain that moves `staging`, and a run refused by a worker whose pool's
+channel this machine does not have. Every process is started with Popen and stopped by its pid.
 """
 
 from __future__ import annotations
@@ -23,10 +23,13 @@ import pytest
 import torch
 import yaml
 
+from prefect_executorch.artifacts.aliases import read_alias
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.registry import pull, read_manifest
 from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.hashing import sha256_file
+
+from helpers import set_aws_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -110,7 +113,7 @@ class Fleet:
 def _variant(tmp: Path) -> Path:
     """deployments/prefect.yaml for this machine: the CPU cell only, and one GPU pool to be refused in."""
     config = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
-    keep = {"cpu", "gpu-cu132", "small-convnet-nightly", MODEL}
+    keep = {"cpu", "gpu-cu132", "small-convnet-nightly", MODEL, "manual"}
     config["deployments"] = [d for d in config["deployments"] if d["name"] in keep]
     for deployment in config["deployments"]:
         params = deployment.get("parameters", {})
@@ -122,20 +125,22 @@ def _variant(tmp: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("fleet")
-    fleet = Fleet(tmp / "home", str(tmp / "store"))
-    fleet.home.mkdir()
-    try:
-        fleet.start_server()
-        deployed = fleet.cli("deploy", "--prefect-file", str(_variant(tmp)))
-        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
-        fleet.health_port = _free_port()
-        fleet.start("worker-cpu", [*CLI, "worker", "--pool", "cpu", "--limit", "4", "--with-healthcheck"],
-                    PREFECT_WORKER_WEBSERVER_PORT=str(fleet.health_port))
-        yield fleet
-    finally:
-        fleet.stop_all()
+    with pytest.MonkeyPatch.context() as patch:
+        set_aws_env(patch, s3_server)  # this process and every child reach SeaweedFS, nothing else
+        fleet = Fleet(tmp / "home", f"s3://{s3_server.make_bucket()}/bundles")
+        fleet.home.mkdir()
+        try:
+            fleet.start_server()
+            deployed = fleet.cli("deploy", "--prefect-file", str(_variant(tmp)))
+            assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+            fleet.health_port = _free_port()
+            fleet.start("worker-cpu", [*CLI, "worker", "--pool", "cpu", "--limit", "4", "--with-healthcheck"],
+                        PREFECT_WORKER_WEBSERVER_PORT=str(fleet.health_port))
+            yield fleet
+        finally:
+            fleet.stop_all()
     assert all(proc.poll() is not None for proc in fleet.procs)
 
 
@@ -182,6 +187,7 @@ def test_deployments_pools_and_schedule(fleet: Fleet) -> None:
         queues = {q.name for q in client.read_work_queues(work_pool_name="gpu-cu132")}
         nightly = client.read_deployment_by_name("build-matrix/small-convnet-nightly")
         retrain = client.read_deployment_by_name(f"retrain/{MODEL}")
+        promote = client.read_deployment_by_name("promote-bundle/manual")
         automations = client.read_automations_by_name(f"{MODEL}__automation_1")
     assert pool.type == "executorch"
     assert pool.base_job_template["variables"]["properties"]["cuda_channel"]["default"] == "cu132"
@@ -189,6 +195,7 @@ def test_deployments_pools_and_schedule(fleet: Fleet) -> None:
     assert [s.schedule.cron for s in nightly.schedules] == ["0 3 * * *"]
     assert retrain.parameters["store"] == fleet.store and retrain.global_concurrency_limit.limit == 1
     assert automations and automations[0].trigger.expect == {"model.retrain.requested"}
+    assert not promote.schedules and promote.parameters == {"store": fleet.store}
 
 
 def _listening(port: int) -> list[str]:
@@ -240,8 +247,10 @@ def test_retrain_event_builds_the_new_weights(fleet: Fleet, tmp_path: Path) -> N
     weights = tmp_path / "retrained.pt"
     torch.save(model.state_dict(), weights)
     sha = sha256_file(weights)
+    weights_uri = fleet.store.replace("/bundles", "/training/run-42.pt")
+    open_store(weights_uri.rsplit("/", 1)[0]).put_file("run-42.pt", weights)
 
-    emitted = fleet.cli("retrain", MODEL, "--weights", str(weights), "--reason", "e2e")
+    emitted = fleet.cli("retrain", MODEL, "--weights", weights_uri, "--sha256", sha, "--reason", "e2e")
     assert emitted.returncode == 0, emitted.stderr
     assert "model.retrain.requested" in emitted.stdout
 
@@ -254,13 +263,17 @@ def test_retrain_event_builds_the_new_weights(fleet: Fleet, tmp_path: Path) -> N
             assert time.monotonic() < deadline, "the event triggered no retrain run"
             time.sleep(1)
     (run,) = runs
-    assert run.parameters["weights_uri"] == str(weights) and run.parameters["weights_sha256"] == sha
+    assert run.parameters["weights_uri"] == weights_uri and run.parameters["weights_sha256"] == sha
     run = _wait_final(fleet, run.id, timeout=deadline - time.monotonic())
     assert run.state.is_completed(), f"{run.state.message}\n{_tail(fleet.home / 'worker-cpu.log')}"
     version = f"1.0.0-{sha[:12]}"
     key = BundleKey(name=MODEL, version=version, target="xnnpack", compat=f"cpu-xnnpack-{os.uname().machine}")
-    manifest = pull(open_store(fleet.store), key, tmp_path / "pulled")
+    store = open_store(fleet.store)
+    manifest = pull(store, key, tmp_path / "pulled")
     assert manifest.weights_sha256 == sha and manifest.validation.passed
+    staging = read_alias(store, MODEL, "staging")
+    assert staging is not None, "the retrain did not move staging"
+    assert staging[0].bundle_key() == key and staging[0].validation_passed and staging[0].previous is None
 
 
 def test_worker_refuses_a_run_for_a_channel_it_lacks(fleet: Fleet) -> None:
@@ -278,4 +291,4 @@ def test_worker_refuses_a_run_for_a_channel_it_lacks(fleet: Fleet) -> None:
     assert f"this worker is no CUDA (torch {torch.__version__})" in message
     assert "--index-url https://download.pytorch.org/whl/nightly/cu132" in message
     assert run.labels["executorch.cuda_channel"] == "cpu"
-    assert not list(Path(fleet.store).glob(f"{MODEL}/*/*/cu132*"))  # nothing was built
+    assert not [o.key for o in open_store(fleet.store).list(f"{MODEL}/") if "cu132" in o.key]  # nothing was built

@@ -158,3 +158,16 @@ def test_deployment_parameters_fit_the_flows() -> None:
             assert set(trigger["parameters"]) <= set(schema["properties"])
             assert trigger["expect"] == ["model.retrain.requested"]
     assert triggers == 1
+
+
+def test_a_tensorrt_spec_needs_a_gpu_wherever_it_lands() -> None:
+    trt_spec = {**SPEC, "target": {"kind": "tensorrt"}}
+    here = probe()
+    refused = route({"spec": trt_spec}, {}, "cpu", "default", here)
+    assert not refused.accepted and refused.reason.startswith("spec target 'tensorrt' needs a CUDA GPU, but this worker")
+    assert route({"spec": trt_spec}, {}, "gpu-cu132", "sm90", H200_CU132).accepted
+    with pytest.raises(ValidationError, match="needs a CUDA channel"):
+        MatrixCell.model_validate({"target": "tensorrt", "placement": {"channel": "cpu"}})
+    cell = MatrixCell.model_validate({"target": {"kind": "tensorrt", "precision": "fp16"},
+                                      "placement": {"channel": "cu134", "sm": "sm100"}})
+    assert cell.label == "tensorrt@cu134-sm100" and (cell.placement.pool, cell.placement.queue) == ("gpu-cu134", "sm100")

@@ -8,12 +8,11 @@ into the flow's parameters (see ``deployments/prefect.yaml`` and ``docs/fleet.md
 from __future__ import annotations
 
 import re
-
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from prefect_executorch.artifacts.manifest import user_at_host
+from prefect_executorch.artifacts.manifest import BundleKey, user_at_host
 from prefect_executorch.errors import SpecError
 from prefect_executorch.spec import NAME_RULE, BuildSpec, is_safe_name
 
@@ -65,6 +64,16 @@ class RetrainRequest(BaseModel):
     def resource_id(self) -> str:
         """The event's ``prefect.resource.id``, which a model's retrain trigger matches."""
         return f"{RESOURCE_PREFIX}{self.name}"
+
+
+def promotion_aliases(alias: str, keys: list[BundleKey]) -> list[tuple[str, BundleKey]]:
+    """The alias each bundle of a retrain moves: ``alias`` for a single bundle, ``<alias>-<compat>`` for several.
+
+    An alias points at one bundle, and the bundles of one version differ by compat key.
+    """
+    if len(keys) == 1:
+        return [(alias, keys[0])]
+    return [(f"{alias}-{key.compat}", key) for key in keys]
 
 
 def parse_request(data: dict[str, Any]) -> RetrainRequest:
