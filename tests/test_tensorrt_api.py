@@ -22,7 +22,7 @@ from prefect_executorch.targets import get_target
 from prefect_executorch.targets.tensorrt import RUNTIME_MODULE, build_backend_config, build_steps
 from prefect_executorch.toolchain import GpuInfo, Toolchain, read_torch_tensorrt_api
 
-from conftest import MODELS
+from helpers import MODELS
 from wheels import DELEGATE_RUNTIME, TORCH_TENSORRT, download_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
