@@ -22,7 +22,7 @@ from prefect_executorch.targets import get_target
 from prefect_executorch.targets.tensorrt import RUNTIME_MODULE, build_backend_config, build_steps
 from prefect_executorch.toolchain import GpuInfo, Toolchain, read_torch_tensorrt_api
 
-from conftest import MODELS
+from helpers import MODELS
 from wheels import DELEGATE_RUNTIME, TORCH_TENSORRT, download_wheel
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,9 +48,9 @@ def sources(trt_wheel: WheelRoot) -> Sources:
     return Sources({"torch_tensorrt": trt_wheel, "executorch": executorch})
 
 
-def h200() -> Toolchain:
+def h200(fixture: str = "hostprobe_h200.json") -> Toolchain:
     """A probe run on a real NVIDIA H200 worker: torch 2.11.0+cu130, no ExecuTorch, no TensorRT."""
-    return Toolchain.model_validate_json((FIXTURES / "probe_h200.json").read_text())
+    return Toolchain.model_validate_json((FIXTURES / fixture).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -287,8 +287,9 @@ def test_external_weights_and_mixed_low_precision_are_refused(ready: Toolchain) 
 # ------------------------------------------------------------------- toolchain refusals from real data
 
 
-def test_the_real_h200_probe_is_refused_for_what_it_lacks() -> None:
-    message = refusal(trt_spec(), h200())
+@pytest.mark.parametrize("fixture", ["hostprobe_h200.json", "probe_h200.json"])
+def test_the_real_h200_probe_is_refused_for_what_it_lacks(fixture: str) -> None:
+    message = refusal(trt_spec(), h200(fixture))
     assert "torch-tensorrt is not installed" in message
     assert "executorch is not installed" in message
     assert "torch-tensorrt-executorch-runtime is not installed" in message
@@ -384,17 +385,20 @@ def test_runtime_hints_and_precision(ready: Toolchain) -> None:
 
 # ------------------------------------------------------------------- the probe on a bare GPU host
 
-#: What a GPU host may lack: the probe must run with torch and pydantic alone.
+#: What a GPU host may lack: the H200 workers have torch, and not even pydantic.
 _ABSENT = ("prefect", "executorch", "yaml", "typer", "rich", "boto3", "packaging")
-_PROBE_WITH_ONLY_TORCH_AND_PYDANTIC = f"""
+_PROBE_WITH_ONLY = """
 import runpy, sys
 class Absent:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {_ABSENT!r}:
+        if name.split(".")[0] in {absent!r}:
             raise ModuleNotFoundError(f"absent: {{name}}", name=name)
 sys.meta_path.insert(0, Absent())
 try:
-    runpy.run_module("prefect_executorch.toolchain", run_name="__main__", alter_sys=True)  # as python -m does
+    runpy.run_module({module!r}, run_name="__main__", alter_sys=True)  # as python -m does
+except SystemExit as exit:
+    if exit.code:
+        raise
 finally:
     # torch-tensorrt may be found, never imported: importing it needs TensorRT.
     if any(m.split(".")[0] in ("torch_tensorrt", "tensorrt") for m in sys.modules):
@@ -402,8 +406,12 @@ finally:
 """
 
 
-def test_probe_module_runs_with_only_torch_and_pydantic_and_reads_an_installed_wheel(
-    trt_wheel: WheelRoot, tmp_path: Path
+@pytest.mark.parametrize("module, absent", [
+    ("prefect_executorch.hostprobe", (*_ABSENT, "pydantic")),  # torch alone
+    ("prefect_executorch.toolchain", _ABSENT),  # torch and pydantic
+])
+def test_probe_runs_on_a_bare_host_and_reads_an_installed_wheel(
+    module: str, absent: tuple[str, ...], trt_wheel: WheelRoot, tmp_path: Path
 ) -> None:
     import subprocess
     import sys
@@ -413,8 +421,9 @@ def test_probe_module_runs_with_only_torch_and_pydantic_and_reads_an_installed_w
 
     # Installed the way pip lays a wheel out (package + dist-info), but TensorRT is absent: never imported.
     zipfile.ZipFile(trt_wheel.wheel).extractall(tmp_path)
-    result = subprocess.run([sys.executable, "-c", _PROBE_WITH_ONLY_TORCH_AND_PYDANTIC], capture_output=True,
-                            text=True, timeout=300, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    code = _PROBE_WITH_ONLY.format(absent=absent, module=module)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-3000:]
     probed = Toolchain.model_validate_json(result.stdout)
     assert probed.torch == torch.__version__ and probed.torch_tensorrt == "2.14.0"
@@ -422,3 +431,19 @@ def test_probe_module_runs_with_only_torch_and_pydantic_and_reads_an_installed_w
     assert "use_cuda_graphs" not in probed.torch_tensorrt_api.save_keywords
     message = refusal(trt_spec(), probed)
     assert f"torch {torch.__version__} is a CPU build" in message and "TensorRT is not installed" in message
+
+
+def test_fp16_engine_outputs_are_held_to_fp16_tolerances() -> None:
+    import torch
+
+    from prefect_executorch.compare import compare_outputs
+    from prefect_executorch.spec import ValidationSpec
+
+    eager = torch.linspace(-2, 2, 1000)
+    engine = eager.half()  # what an autocast engine hands back for FP32 inputs
+    (strict,) = compare_outputs([engine], eager, ValidationSpec())
+    assert not strict.passed and strict.reason == "dtype float16 != eager float32"
+    (held,) = compare_outputs([engine], eager, ValidationSpec(), precision="float16")
+    assert held.passed and (held.atol, held.rtol, held.min_cosine) == (5e-3, 5e-3, 0.99)
+    (off,) = compare_outputs([(eager * 1.01).half()], eager, ValidationSpec(), precision="float16")
+    assert not off.passed and "beyond atol=0.005" in off.reason

@@ -21,7 +21,7 @@ from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain, probe
 from prefect_executorch.validator import require_passed, validate_program
 
-from conftest import MODELS
+from helpers import MODELS
 
 pytestmark = pytest.mark.gpu
 TARGET = get_target("tensorrt")

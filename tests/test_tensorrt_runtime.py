@@ -21,7 +21,7 @@ from prefect_executorch.runtime import LoadedProgram, describe_runtime_error
 from prefect_executorch.spec import parse_spec
 from prefect_executorch.validator import validate_program
 
-from conftest import MODELS
+from helpers import MODELS
 from wheels import DELEGATE_RUNTIME, download_wheel
 
 ROOT = Path(__file__).resolve().parents[1]

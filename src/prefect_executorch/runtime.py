@@ -78,7 +78,7 @@ class LoadedProgram:
 
     def _install_hints(self, channel: str | None) -> str:
         if channel is None:
-            from prefect_executorch.toolchain import local_cuda_channel
+            from prefect_executorch.hostprobe import local_cuda_channel
 
             channel = local_cuda_channel()
         return "; ".join(backend_install_hint(backend, channel) for backend in self.missing_backends)

@@ -2,50 +2,22 @@
 
 from __future__ import annotations
 
-import getpass
-import importlib.metadata
-import os
-import platform
 import re
-import shutil
-import socket
-import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.apisource import ApiNotFound, Sources
+from prefect_executorch.hostprobe import (  # noqa: F401 - the probe's helpers moved there; kept importable here
+    TENSORRT_DISTRIBUTIONS,
+    channel_of,
+    cuda_channel,
+    dist_version,
+    gather,
+    torch_tensorrt_api_facts,
+)
 
-_CHANNEL_RE = re.compile(r"\+(cu\d+|cpu|rocm[\d.]+)")
 _RELEASE_RE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(?:\.?(a|b|rc|dev)(\d*))?")
-
-#: Distributions that may provide TensorRT's Python package, in the order they are tried.
-TENSORRT_DISTRIBUTIONS = ("tensorrt", "tensorrt-cu13", "tensorrt-cu13-bindings", "tensorrt-cu12")
-
-
-def dist_version(name: str) -> str | None:
-    """Installed version of a distribution, or None."""
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def channel_of(version: str | None) -> str | None:
-    """The build channel in a version's local tag: ``2.14.0+cu132`` -> ``cu132``."""
-    if not version:
-        return None
-    match = _CHANNEL_RE.search(version)
-    return match.group(1) if match else None
-
-
-def cuda_channel(cuda_version: str | None) -> str | None:
-    """``13.0`` -> ``cu130``; ``12.8`` -> ``cu128``."""
-    if not cuda_version:
-        return None
-    major, _, minor = cuda_version.partition(".")
-    return f"cu{major}{minor.split('.')[0] or '0'}"
 
 
 def channel_cuda_major(channel: str | None) -> int | None:
@@ -95,42 +67,9 @@ class TorchTensorRTApi(BaseModel):
         return cuda_channel(self.cuda_version)
 
 
-def _keywords(sources: Sources, name: str) -> list[str]:
-    try:
-        return sorted(sources.params(sources.resolve(name)).keywords)
-    except ApiNotFound:
-        return []
-
-
-def _constant(sources: Sources, name: str) -> str | None:
-    try:
-        value = sources.constant(name)
-    except ApiNotFound:
-        return None
-    return value if isinstance(value, str) else None
-
-
-def read_torch_tensorrt_api(sources: Sources) -> TorchTensorRTApi:
-    """The torch-tensorrt API facts the checks need, from its source files."""
-    return TorchTensorRTApi(
-        version=_constant(sources, "torch_tensorrt._version.__version__"),
-        cuda_version=_constant(sources, "torch_tensorrt._version.__cuda_version__"),
-        tensorrt_version=_constant(sources, "torch_tensorrt._version.__tensorrt_version__"),
-        save_keywords=_keywords(sources, "torch_tensorrt.save"),
-        compile_keywords=_keywords(sources, "torch_tensorrt.dynamo.compile"),
-        export_keywords=_keywords(sources, "torch_tensorrt.executorch.export"),
-    )
-
-
-def _executorch_has_cuda(version: str | None) -> bool | None:
-    """Whether the installed ExecuTorch is a CUDA build: its ``+cu…`` label, else CUDA libraries it ships."""
-    if version is None:
-        return None
-    channel = channel_of(version)
-    if channel is not None:
-        return channel.startswith("cu")
-    files = importlib.metadata.files("executorch") or []
-    return any("cuda" in f.name.lower() and ".so" in f.name for f in files)
+def read_torch_tensorrt_api(sources: Any) -> TorchTensorRTApi:
+    """The torch-tensorrt API facts the checks need, from its source files (an ``apisource.Sources``)."""
+    return TorchTensorRTApi.model_validate(torch_tensorrt_api_facts(sources))
 
 
 class GpuInfo(BaseModel):
@@ -190,80 +129,11 @@ class Toolchain(BaseModel):
         }
 
 
-def _nvcc_version(path: str) -> str | None:
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.search(r"release (\d+\.\d+)", out)
-    return match.group(1) if match else None
-
-
-def find_nvcc() -> str | None:
-    """nvcc on PATH, else under $CUDA_HOME or $CUDA_PATH (where the CUDA backend's compile finds it)."""
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return str(Path(home) / "bin" / "nvcc")
-    return None
-
-
-def local_cuda_channel() -> str | None:
-    """The CUDA channel of this process's torch (``cu130``), or None for a CPU build."""
-    import torch
-
-    return channel_of(torch.__version__) if "+cu" in torch.__version__ else cuda_channel(torch.version.cuda)
-
-
 def probe() -> Toolchain:
     """Probe this process's environment (imports torch; never imports TensorRT)."""
-    import torch
-
-    gpus: list[GpuInfo] = []
-    cuda_available = torch.cuda.is_available()
-    if cuda_available:
-        for index in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(index)
-            gpus.append(
-                GpuInfo(
-                    index=index,
-                    name=props.name,
-                    sm=f"sm{props.major}{props.minor}",
-                    total_memory_mib=props.total_memory // 2**20,
-                )
-            )
-    nvcc = find_nvcc()
-    torch_tensorrt = dist_version("torch-tensorrt") or dist_version("torch_tensorrt")
-    executorch = dist_version("executorch")
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = ""
-    return Toolchain(
-        python=platform.python_version(),
-        os=platform.system(),
-        arch=platform.machine(),
-        torch=torch.__version__,
-        executorch=executorch,
-        torch_tensorrt=torch_tensorrt,
-        tensorrt=next(filter(None, map(dist_version, TENSORRT_DISTRIBUTIONS)), None),
-        tensorrt_executorch_runtime=dist_version("torch-tensorrt-executorch-runtime"),
-        cuda_available=cuda_available,
-        cuda_version=torch.version.cuda,
-        cuda_channel=local_cuda_channel(),
-        gpus=gpus,
-        nvcc=nvcc,
-        nvcc_version=_nvcc_version(nvcc) if nvcc else None,
-        torch_tensorrt_api=read_torch_tensorrt_api(Sources.installed("torch_tensorrt")) if torch_tensorrt else None,
-        executorch_cuda=_executorch_has_cuda(executorch),
-        triton=dist_version("triton"),
-        hostname=socket.gethostname(),
-        user=user,
-    )
+    return Toolchain.model_validate(gather())
 
 
-if __name__ == "__main__":  # used on GPU hosts that lack the package's dependencies
+if __name__ == "__main__":  # on hosts with pydantic; `python -m prefect_executorch.hostprobe` needs only torch
     print(probe().model_dump_json(indent=2))
     sys.exit(0)

@@ -17,7 +17,8 @@ from prefect_executorch.calls import Call, Ref, Slot, Step, check_calls, run_ste
 from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.spec import TensorRTTarget as TensorRTOptions
 from prefect_executorch.targets.base import PROGRAM_FILE, Target
-from prefect_executorch.toolchain import channel_cuda_major, channel_of, minor_version, version_key
+from prefect_executorch.hostprobe import channel_of
+from prefect_executorch.toolchain import channel_cuda_major, minor_version, version_key
 
 if TYPE_CHECKING:
     import torch
@@ -456,7 +457,7 @@ def activate_delegate_runtime() -> None:
     built in, and refuses if ExecuTorch's stock runtime was imported first. Both are handled.
     """
     from prefect_executorch.runtime import backend_install_hint
-    from prefect_executorch.toolchain import local_cuda_channel
+    from prefect_executorch.hostprobe import local_cuda_channel
 
     channel = local_cuda_channel()
     try:
