@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,15 @@ def test_a_file_that_is_not_a_program_is_refused(tmp_path: Path) -> None:
     (tmp_path / "cut.pte").write_bytes(b"\x1c\x00\x00\x00ET12eh00" + (24).to_bytes(4, "little") + (4096).to_bytes(8, "little") + b"\x00" * 16)
     with pytest.raises(InvalidProgram, match="is truncated"):
         read_program(tmp_path / "cut.pte")
+
+
+def test_cli_validate_needs_exactly_one_bundle(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from prefect_executorch.cli import app
+
+    (tmp_path / "spec.json").write_text(json.dumps(spec_data("mlp")))
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.json")])
+    assert result.exit_code == 2 and "give either BUNDLE_DIR or --bundle" in result.output
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.json"), "--bundle", "s3://b/m/1/x/manifest.json"])
+    assert result.exit_code == 2 and "names no bucket" in result.output and "[/prefix]" in result.output
