@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, treespec_dumps
 
-from conftest import spec_data
+from helpers import spec_data
 from prefect_executorch.artifacts.locate import parse_manifest_url, resolve_published
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.compare import compare_outputs, limits_for

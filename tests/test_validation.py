@@ -18,7 +18,7 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from conftest import MODELS, spec_data
+from helpers import MODELS, spec_data
 from prefect_executorch.artifacts.aliases import promote
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.registry import verify_bundle_dir
