@@ -10,7 +10,7 @@ from prefect import flow
 
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
-from prefect_executorch.tasks.locate import pull_published, resolve_published
+from prefect_executorch.tasks.locate import pull_published
 from prefect_executorch.tasks.probe import check_buildable, probe_toolchain
 from prefect_executorch.tasks.validate import validate_pulled
 
@@ -21,15 +21,15 @@ def revalidate(
 ) -> ValidationReport:
     """Validate the bundle ``name`` at a version or alias in ``store`` against ``spec``'s current eager model.
 
-    The bundle is the one for this worker's target and compat; it is pulled (and verified) under
+    A published version wins over an alias of the same name; of its bundles, the one of the spec's
+    target that best fits this worker is pulled (and verified, pinned by the alias if any) under
     ``output``, or a temporary directory removed when the flow ends. A failed case or gate fails the run.
     """
     output_root = Path(output) if output else Path(tempfile.mkdtemp(prefix="prefect-executorch-revalidate-"))
     try:
         toolchain = probe_toolchain()
-        compat = check_buildable(spec, toolchain)
-        key = resolve_published(store, name, alias_or_version, spec.target_name, compat)
-        manifest, bundle_dir = pull_published(store, key, output_root)
+        check_buildable(spec, toolchain)
+        manifest, bundle_dir = pull_published(store, name, alias_or_version, spec.target_name, toolchain, output_root)
         return validate_pulled(spec, manifest, bundle_dir, output_root)
     finally:
         if output is None:

@@ -1,4 +1,4 @@
-"""Find a published bundle and pull it, verified, into a fresh directory."""
+"""Find a published bundle by version or alias and pull it, verified, into a fresh directory."""
 
 from __future__ import annotations
 
@@ -7,24 +7,22 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.artifacts.locate import resolve_bundle
-from prefect_executorch.artifacts.manifest import BundleKey, Manifest
+from prefect_executorch.artifacts.locate import resolve_published
+from prefect_executorch.artifacts.manifest import Manifest
 from prefect_executorch.artifacts.registry import pull
 from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.toolchain import Toolchain
 
 
-@task(name="resolve-bundle")
-def resolve_published(store: str, name: str, alias_or_version: str, target: str, compat: str) -> BundleKey:
-    """The key of ``name`` at a version or alias, for this worker's target and compat."""
-    key = resolve_bundle(open_store(store), name, alias_or_version, target, compat)
-    get_run_logger().info("%s %s is %s", name, alias_or_version, key.prefix)
-    return key
-
-
-@task(name="pull-bundle")
-def pull_published(store: str, key: BundleKey, output_root: Path) -> tuple[Manifest, Path]:
-    """Pull ``key`` into a new directory under ``output_root``, every file checked against its manifest."""
-    dest = output_root / f"{key.prefix.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
-    manifest = pull(open_store(store), key, dest)
-    get_run_logger().info("pulled and verified %s (%d files) into %s", key.prefix, len(manifest.files), dest)
+@task(name="pull-published")
+def pull_published(
+    store: str, name: str, alias_or_version: str, target: str, toolchain: Toolchain, output_root: Path
+) -> tuple[Manifest, Path]:
+    """Pull ``name`` at a version or alias (the bundle fit to this worker) under ``output_root``, every file checked."""
+    opened = open_store(store)
+    resolved = resolve_published(opened, name, alias_or_version, target, toolchain)
+    dest = output_root / f"{resolved.key.prefix.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
+    manifest = pull(opened, resolved.key, dest, manifest_sha256=resolved.manifest_sha256)
+    get_run_logger().info("pulled %s (%s) into %s; %d files verified", resolved.key.prefix, resolved.reason, dest,
+                          len(manifest.files))
     return manifest, dest

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._pytree import tree_flatten, treespec_dumps
 
-from conftest import spec_data
-from prefect_executorch.artifacts.locate import parse_manifest_url, resolve_bundle
+from helpers import spec_data
+from prefect_executorch.artifacts.locate import parse_manifest_url, resolve_published
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.compare import compare_outputs, limits_for
 from prefect_executorch.delegation import DelegationFacts
@@ -171,15 +172,11 @@ def test_manifest_urls_split_into_store_and_key() -> None:
             parse_manifest_url(bad)
 
 
-def test_resolving_an_unknown_version_lists_the_published_ones(tmp_path: Path) -> None:
-    store = LocalStore(tmp_path)
-    store.put_bytes("m/1/xnnpack/cpu/manifest.json", b"{}")
-    assert resolve_bundle(store, "m", "1", "xnnpack", "cpu").version == "1"
-    with pytest.raises(BundleNotFound, match=r"no version or alias '2' for xnnpack/cpu .* published versions for this target: \['1'\]"):
-        resolve_bundle(store, "m", "2", "xnnpack", "cpu")
-    store.put_bytes("m/aliases/prod.json", b"not json")
-    with pytest.raises(BundleNotFound, match="is not a valid alias"):
-        resolve_bundle(store, "m", "prod", "xnnpack", "cpu")
+def test_a_name_that_is_neither_version_nor_alias_is_not_found(tmp_path: Path) -> None:
+    from prefect_executorch.toolchain import probe
+
+    with pytest.raises(BundleNotFound, match="alias prod of m is not set"):
+        resolve_published(LocalStore(tmp_path), "m", "prod", "xnnpack", probe())
 
 
 def test_a_file_that_is_not_a_program_is_refused(tmp_path: Path) -> None:
@@ -189,3 +186,15 @@ def test_a_file_that_is_not_a_program_is_refused(tmp_path: Path) -> None:
     (tmp_path / "cut.pte").write_bytes(b"\x1c\x00\x00\x00ET12eh00" + (24).to_bytes(4, "little") + (4096).to_bytes(8, "little") + b"\x00" * 16)
     with pytest.raises(InvalidProgram, match="is truncated"):
         read_program(tmp_path / "cut.pte")
+
+
+def test_cli_validate_needs_exactly_one_bundle(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from prefect_executorch.cli import app
+
+    (tmp_path / "spec.json").write_text(json.dumps(spec_data("mlp")))
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.json")])
+    assert result.exit_code == 2 and "give either BUNDLE_DIR or --bundle" in result.output
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.json"), "--bundle", "s3://b/m/1/x/manifest.json"])
+    assert result.exit_code == 2 and "names no bucket" in result.output and "[/prefix]" in result.output

@@ -19,7 +19,7 @@ import yaml
 from typer.testing import CliRunner
 
 from helpers import MODELS, spec_data
-from prefect_executorch.artifacts.locate import alias_key
+from prefect_executorch.artifacts.aliases import promote
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.registry import verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
@@ -203,7 +203,6 @@ def test_cli_revalidates_a_published_bundle_and_catches_drift(published, tmp_pat
 
 def test_revalidate_flow_resolves_an_alias_and_passes(published, tmp_path: Path) -> None:
     spec, store, key = published
-    alias = {"version": key.version, "target": key.target, "compat": key.compat}
-    store.put_bytes(alias_key("mixed", "prod"), json.dumps(alias).encode())
+    promote(store, "mixed", key.version, "prod")
     report = revalidate("mixed", "prod", str(store.root), spec)
     assert report.passed and [c.shape_label for c in report.cases] == ["min", "opt", "max", "extra[0]"]

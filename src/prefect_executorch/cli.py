@@ -42,7 +42,7 @@ def handle_errors(function: F) -> F:
         except PrefectExecutorchError as exc:
             if os.environ.get("PREFECT_EXECUTORCH_DEBUG"):
                 raise
-            err_console.print(f"[bold red]{type(exc).__name__}:[/] {exc}", markup=True, highlight=False)
+            err_console.print(f"[bold red]{type(exc).__name__}:[/] {escape(str(exc))}", markup=True, highlight=False)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]

@@ -98,43 +98,35 @@ def compare_tensor(
     import torch
 
     dtype = _dtype_name(expected)
-    base = dict(
-        path=path,
-        expected_shape=list(expected.shape),
-        actual_shape=list(actual.shape),
-        expected_dtype=dtype,
-        actual_dtype=_dtype_name(actual),
-    )
+    base = OutputComparison(path=path, expected_shape=list(expected.shape), actual_shape=list(actual.shape),
+                            expected_dtype=dtype, actual_dtype=_dtype_name(actual), passed=False)
     if actual.shape != expected.shape:
-        return OutputComparison(**base, passed=False, reason=f"shape {list(actual.shape)} != eager {list(expected.shape)}")
+        return base.model_copy(update={"reason": f"shape {list(actual.shape)} != eager {list(expected.shape)}"})
     lowered = precision is not None and expected.is_floating_point() and _dtype_name(actual) == precision
     if actual.dtype != expected.dtype and not lowered:
-        return OutputComparison(**base, passed=False, reason=f"dtype {_dtype_name(actual)} != eager {dtype}")
+        return base.model_copy(update={"reason": f"dtype {_dtype_name(actual)} != eager {dtype}"})
     actual, expected = actual.detach().cpu(), expected.detach().cpu()
     if not expected.is_floating_point() and not expected.is_complex():
         unequal = actual != expected
         fraction = unequal.float().mean().item() if unequal.numel() else 0.0
         max_abs = (actual.long() - expected.long()).abs().max().item() if unequal.any() else 0
-        return OutputComparison(
-            **base,
-            max_abs=float(max_abs),
-            mismatch_fraction=fraction,
-            tolerance_source=f"exact for {dtype}",
-            passed=fraction == 0.0,
-            reason=None if fraction == 0.0 else f"{fraction:.2%} of elements differ (exact match required for {dtype})",
-        )
+        return base.model_copy(update={
+            "max_abs": float(max_abs), "mismatch_fraction": fraction, "tolerance_source": f"exact for {dtype}",
+            "passed": fraction == 0.0,
+            "reason": None if fraction == 0.0 else f"{fraction:.2%} of elements differ (exact match required for {dtype})",
+        })
     atol, rtol, min_cosine, source = limits
+    base = base.model_copy(update={"atol": atol, "rtol": rtol, "min_cosine": min_cosine, "tolerance_source": source})
     a, e = actual.double(), expected.double()
-    tolerances = dict(atol=atol, rtol=rtol, min_cosine=min_cosine, tolerance_source=source)
     nan_mismatch = bool((a.isnan() != e.isnan()).any() or (a.isinf() != e.isinf()).any()
                         or (a.isinf() & e.isinf() & (a.sign() != e.sign())).any())
     if nan_mismatch:
-        return OutputComparison(**base, **tolerances, max_abs=float("inf"), mismatch_fraction=1.0, passed=False,
-                                reason="NaN/Inf positions differ from eager")
+        return base.model_copy(update={"max_abs": float("inf"), "mismatch_fraction": 1.0,
+                                       "reason": "NaN/Inf positions differ from eager"})
     finite = e.isfinite()
     a, e = a[finite], e[finite]
     if e.numel() == 0:
-        return OutputComparison(**base, **tolerances, passed=True)
+        return base.model_copy(update={"passed": True})
     diff = (a - e).abs()
     max_abs = diff.max().item()
     nonzero = e.abs() > 0
@@ -151,8 +143,8 @@ def compare_tensor(
                   f"(max abs error {max_abs:.3g}, max rel error {max_rel:.3g})")
     elif cosine is not None and cosine < min_cosine:
         reason = f"cosine similarity {cosine:.6f} < min_cosine {min_cosine:g} from {source}"
-    return OutputComparison(**base, **tolerances, max_abs=max_abs, max_rel=max_rel, mismatch_fraction=fraction,
-                            cosine=cosine, passed=reason is None, reason=reason)
+    return base.model_copy(update={"max_abs": max_abs, "max_rel": max_rel, "mismatch_fraction": fraction,
+                                   "cosine": cosine, "passed": reason is None, "reason": reason})
 
 
 def compare_outputs(

@@ -72,9 +72,9 @@ def random_tensor(spec: InputSpec, shape: list[int], generator: torch.Generator)
         return torch.randint(0, 2, shape, generator=generator).bool()
     distribution = spec.distribution or ("uniform" if spec.dtype in FLOAT_DTYPES else "int_range")
     if distribution == "int_range":
-        low = int(spec.low if spec.low is not None else 0)
-        high = int(spec.high if spec.high is not None else 10)
-        return torch.randint(low, high, shape, generator=generator).to(dtype)
+        first = int(spec.low if spec.low is not None else 0)
+        stop = int(spec.high if spec.high is not None else 10)
+        return torch.randint(first, stop, shape, generator=generator).to(dtype)
     if distribution == "normal":
         if spec.low is None or spec.high is None:
             return torch.randn(shape, generator=generator).to(dtype)

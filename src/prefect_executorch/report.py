@@ -17,14 +17,14 @@ class OutputComparison(BaseModel):
     actual_dtype: str
     max_abs: float = 0.0
     max_rel: float = 0.0
-    mismatch_fraction: float = Field(0.0, description="Fraction of elements beyond atol + rtol * |eager|.")
+    mismatch_fraction: float = Field(default=0.0, description="Fraction of elements beyond atol + rtol * |eager|.")
     cosine: float | None = None
     atol: float = 0.0
     rtol: float = 0.0
     min_cosine: float | None = None
-    tolerance_source: str | None = Field(None, description="The spec field the tolerances came from.")
+    tolerance_source: str | None = Field(default=None, description="The spec field the tolerances came from.")
     passed: bool
-    reason: str | None = Field(None, description="Why it failed, naming the broken tolerance.")
+    reason: str | None = Field(default=None, description="Why it failed, naming the broken tolerance.")
 
 
 class CaseResult(BaseModel):
@@ -40,7 +40,7 @@ class CaseResult(BaseModel):
     )
     sample: int
     outputs: list[OutputComparison] = Field(default_factory=list)
-    error: str | None = Field(None, description="Why the call itself failed, if it did.")
+    error: str | None = Field(default=None, description="Why the call itself failed, if it did.")
 
     @property
     def passed(self) -> bool:
@@ -118,7 +118,7 @@ class ValidationSummary(BaseModel):
     cases: int
     failed_cases: int
     shapes: dict[str, list[str]] = Field(description="Shape labels checked per method.")
-    worst: str | None = Field(None, description="The worst output and its error, in words.")
+    worst: str | None = Field(default=None, description="The worst output and its error, in words.")
     worst_max_abs: float = 0.0
     min_cosine_seen: float | None = None
     delegated_fraction: dict[str, float | None] = Field(

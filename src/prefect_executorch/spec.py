@@ -175,21 +175,19 @@ class MethodSpec(StrictModel):
 class Tolerance(StrictModel):
     """Tolerances for float outputs; unset fields fall back to the next more general level."""
 
-    atol: float | None = Field(None, ge=0, description="Absolute tolerance.")
-    rtol: float | None = Field(None, ge=0, description="Relative tolerance (times |eager|).")
-    min_cosine: float | None = Field(None, ge=-1, le=1, description="Cosine similarity floor.")
+    atol: float | None = Field(default=None, ge=0, description="Absolute tolerance.")
+    rtol: float | None = Field(default=None, ge=0, description="Relative tolerance (times |eager|).")
+    min_cosine: float | None = Field(default=None, ge=-1, le=1, description="Cosine similarity floor.")
 
 
 class MethodValidation(StrictModel):
     """Validation settings of one method: user samples, extra shapes, tolerances per output."""
 
-    samples_file: str | None = Field(
-        None, description="A .pt file (torch.load weights_only=True) holding a list of input tuples."
+    samples_file: str | None = Field(default=None, description="A .pt file (torch.load weights_only=True) holding a list of input tuples."
     )
-    dataset: str | None = Field(
-        None, description="'package.module:function' or 'path/file.py:function' returning an iterable of input tuples."
+    dataset: str | None = Field(default=None, description="'package.module:function' or 'path/file.py:function' returning an iterable of input tuples."
     )
-    max_dataset_samples: int = Field(32, ge=1, description="How many samples to take from the dataset at most.")
+    max_dataset_samples: int = Field(default=32, ge=1, description="How many samples to take from the dataset at most.")
     extra_shapes: list[list[list[int]]] = Field(
         default_factory=list, description="More shapes to validate, each a list of one shape per input."
     )
@@ -210,9 +208,9 @@ class MethodValidation(StrictModel):
 class ValidationSpec(StrictModel):
     """How the exported program is compared with eager PyTorch."""
 
-    atol: float | None = Field(None, ge=0, description="Absolute tolerance; default per dtype.")
-    rtol: float | None = Field(None, ge=0, description="Relative tolerance; default per dtype.")
-    min_cosine: float | None = Field(None, ge=-1, le=1, description="Cosine floor; default per dtype.")
+    atol: float | None = Field(default=None, ge=0, description="Absolute tolerance; default per dtype.")
+    rtol: float | None = Field(default=None, ge=0, description="Relative tolerance; default per dtype.")
+    min_cosine: float | None = Field(default=None, ge=-1, le=1, description="Cosine floor; default per dtype.")
     dtypes: dict[Literal["float32", "float16", "bfloat16"], Tolerance] = Field(
         default_factory=dict, description="Tolerances per output dtype (over atol/rtol/min_cosine)."
     )
@@ -222,18 +220,16 @@ class ValidationSpec(StrictModel):
     methods: dict[str, MethodValidation] = Field(
         default_factory=dict, description="Per method: user samples, extra shapes, output tolerances."
     )
-    samples: int = Field(2, ge=1, le=1000, description="Seeded random input draws per shape.")
+    samples: int = Field(default=2, ge=1, le=1000, description="Seeded random input draws per shape.")
     seed: int = 0
-    latency_runs: int = Field(5, ge=0, le=100_000, description="Timed warm runs of eager and program per method.")
-    latency_warmup: int = Field(2, ge=0, le=1000, description="Untimed runs before the timed ones.")
-    max_latency_ratio: float | None = Field(
-        None, gt=0, description="Gate: program median latency / eager median latency must not exceed this."
+    latency_runs: int = Field(default=5, ge=0, le=100_000, description="Timed warm runs of eager and program per method.")
+    latency_warmup: int = Field(default=2, ge=0, le=1000, description="Untimed runs before the timed ones.")
+    max_latency_ratio: float | None = Field(default=None, gt=0, description="Gate: program median latency / eager median latency must not exceed this."
     )
-    min_delegated_fraction: float | None = Field(
-        None, ge=0, le=1, description="Gate: fraction of each method's operators that a delegate runs."
+    min_delegated_fraction: float | None = Field(default=None, ge=0, le=1, description="Gate: fraction of each method's operators that a delegate runs."
     )
-    timeout_s: float = Field(600, gt=0, description="Wall-time limit of the validating child process.")
-    memory_limit_mib: int = Field(8192, ge=512, description="Address-space limit of the validating child process.")
+    timeout_s: float = Field(default=600, gt=0, description="Wall-time limit of the validating child process.")
+    memory_limit_mib: int = Field(default=8192, ge=512, description="Address-space limit of the validating child process.")
 
     @model_validator(mode="after")
     def _latency_gate_needs_runs(self) -> ValidationSpec:

@@ -1,7 +1,8 @@
 """Run the exported program and eager PyTorch on the same inputs, in a child process, and gate on the result.
 
-The child imports torch, the ExecuTorch runtime extension and this package's light modules only
-(no ``executorch.exir``), so it starts in about the time ``import torch`` takes.
+This module imports no torch at the top, yet everything the child needs, so the forkserver's preload
+of it covers the child; a spawned child imports torch, the runtime extension and these light
+modules only (no ``executorch.exir``).
 """
 
 from __future__ import annotations
@@ -15,17 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from prefect_executorch.compare import compare_outputs
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import ChildProcessFailed, SpecError, ValidationFailed
+from prefect_executorch.inputs import load_dataset, load_samples_file, random_inputs, shape_points
 from prefect_executorch.isolation import run_isolated
+from prefect_executorch.modelref import load_model, method_callable
 from prefect_executorch.report import CaseResult, GateResult, LatencyResult, ValidationReport
+from prefect_executorch.runtime import LoadedProgram
 from prefect_executorch.spec import BuildSpec, MethodValidation, ValidationSpec
 from prefect_executorch.targets import PROGRAM_FILE, get_target
 
 if TYPE_CHECKING:
     import torch
 
-    from prefect_executorch.runtime import LoadedProgram
     from prefect_executorch.spec import MethodSpec
 
 Inputs = tuple["torch.Tensor", ...]
@@ -44,8 +48,6 @@ class ValidateRequest(BaseModel):
 def case_inputs(spec: BuildSpec, name: str, method: MethodSpec) -> Iterator[tuple[str, int, Inputs]]:
     """Every input tuple of a method: seeded random ones at each declared shape, then the user's samples."""
     import torch
-
-    from prefect_executorch.inputs import load_dataset, load_samples_file, random_inputs, shape_points
 
     settings = spec.validation.methods.get(name, MethodValidation())
     generator = torch.Generator().manual_seed(spec.validation.seed)
@@ -147,9 +149,6 @@ def _validate_method(
     spec: BuildSpec, name: str, model: Any, program: LoadedProgram, first_calls: dict[str, float]
 ) -> tuple[list[CaseResult], LatencyResult | None]:
     """Run every case of one method on the program and on eager (on the program's device)."""
-    from prefect_executorch.compare import compare_outputs
-    from prefect_executorch.modelref import method_callable
-
     method = spec.methods[name]
     target = get_target(spec.target_name)
     eager = method_callable(model, name, method.attribute)
@@ -189,9 +188,6 @@ def _validate_method(
 def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     """Child side: load the program (after the target's runtime setup), compare with eager, apply the gates."""
     import torch
-
-    from prefect_executorch.modelref import load_model
-    from prefect_executorch.runtime import LoadedProgram
 
     req = ValidateRequest.model_validate(request)
     spec, bundle = req.spec, Path(req.bundle_dir)

@@ -1,0 +1,135 @@
+"""Validation cost: the isolated validating child vs the same validation run in this (warm) process.
+
+Each variant validates the same small XNNPACK program (export once, not timed):
+
+* ``in-process``: ``validate_in_child`` called here after a warm-up call (imports and caches warm);
+* ``child (forkserver)``: ``validate_program`` as the build flow runs it: a child forked from the
+  preloaded forkserver (its one-time start is reported apart);
+* ``child (spawn)``: ``PREFECT_EXECUTORCH_CHILD_START=spawn``, a fresh interpreter per validation,
+  which imports only torch, the runtime extension and this package's light modules;
+* ``child (spawn, old imports)``: the same, made through a ``sitecustomize`` on ``PYTHONPATH`` to also
+  import what the validating child imported before the light .pte reader (``executorch.exir``'s
+  deserializer and ``pybindings.portable_lib``, whose wrapper imports all of exir);
+* ``python + import torch``: the floor of any fresh interpreter that runs a torch model.
+
+Run: ``python benchmarks/validation_cost.py [--repeats 3]`` (``--repeats 1`` for a CI smoke run).
+The last line is ``RESULT validation_cost ratio=<forkserver child / in-process> goal=<=5 PASS|FAIL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import report  # noqa: E402
+
+from prefect_executorch.isolation import START_METHOD_ENV  # noqa: E402
+
+#: Goal for forkserver child / in-process: a fork, a model import and the IPC files, not the imports.
+GOAL = 5.0
+OLD_IMPORTS = "import executorch.exir._serialize._program, executorch.exir.schema, executorch.extension.pybindings.portable_lib\n"
+
+
+class SmallModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 128), nn.Linear(128, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def small_model() -> nn.Module:
+    """The benchmark's model (the spec points here)."""
+    torch.manual_seed(0)
+    return SmallModel()
+
+
+def _seconds(call: Callable[[], Any], repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="Timed validations per variant.")
+    parser.add_argument("--samples", type=int, default=2, help="Random samples per shape (min/opt/max).")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="validation-cost-"))
+    try:
+        return _measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, work: Path) -> int:
+    from prefect_executorch.exporter import export_program
+    from prefect_executorch.spec import parse_spec
+    from prefect_executorch.validator import ValidateRequest, validate_in_child, validate_program
+
+    spec = parse_spec({
+        "name": "validation-cost", "version": "1", "model": f"{Path(__file__).resolve()}:small_model", "target": "xnnpack",
+        "methods": {"forward": {"inputs": [{"name": "x", "shape": [4, 64], "dynamic": {0: {"min": 1, "max": 16}}}]}},
+        "validation": {"samples": args.samples, "latency_runs": 5},
+    })
+    started = time.perf_counter()
+    export = export_program(spec, work)
+    print(f"export (once, not compared): {time.perf_counter() - started:.1f} s")
+    request = ValidateRequest(spec=spec, bundle_dir=export.out_dir, data_files=export.data_files,
+                              delegation=export.delegation).model_dump(mode="json")
+
+    def child() -> None:
+        assert validate_program(spec, export.path, export.data_files, scratch_dir=work, delegation=export.delegation).passed
+
+    assert validate_in_child(request).passed  # warm-up: imports, kernels, caches
+    figures = {"in-process": _seconds(lambda: validate_in_child(request), args.repeats)}
+    figures["first forked validation"] = _seconds(child, 1)
+    figures["child (forkserver)"] = _seconds(child, args.repeats)
+    old = work / "old-imports"
+    old.mkdir()
+    (old / "sitecustomize.py").write_text(OLD_IMPORTS)
+    saved = dict(os.environ)
+    try:
+        os.environ[START_METHOD_ENV] = "spawn"
+        figures["child (spawn)"] = _seconds(child, args.repeats)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(old), saved.get("PYTHONPATH")]))
+        figures["child (spawn, old imports)"] = _seconds(child, args.repeats)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    figures["python + import torch"] = _seconds(
+        lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True), args.repeats)
+
+    medians = {name: statistics.median(times) for name, times in figures.items()}
+    for name, median in medians.items():
+        print(f"{name:>32}: median {median:7.3f} s  ({', '.join(f'{t:.3f}' for t in figures[name])})")
+    ratio = medians["child (forkserver)"] / medians["in-process"]
+    spawn, old_spawn = medians["child (spawn)"], medians["child (spawn, old imports)"]
+    figures_out = {
+        **{f"{name} median s": round(median, 3) for name, median in medians.items()},
+        "spawn child / in-process": round(spawn / medians["in-process"], 1),
+        "spawn child / in-process, old imports": round(old_spawn / medians["in-process"], 1),
+        "spawn child cheaper than with the old imports": round(old_spawn / spawn, 2),
+        "load average": os.getloadavg(),
+    }
+    return 0 if report("validation_cost", ratio, f"<={GOAL:g}", figures_out) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
