@@ -1,4 +1,4 @@
-"""Remove what failed publishes left behind: objects of bundles without a manifest, unfinished uploads.
+"""Remove what failed publishes left behind: objects of bundles without a manifest, unfinished uploads, claims.
 
 A bundle without a manifest does not exist for readers, so its objects are garbage once nobody can
 still be writing them; the grace period (default 24 h) must exceed the longest publish. Dry run
@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 from pydantic import BaseModel
 
-from prefect_executorch.artifacts.manifest import ALIASES_DIR, MANIFEST_FILE
+from prefect_executorch.artifacts.manifest import ALIASES_DIR, CLAIM_FILE, MANIFEST_FILE
 from prefect_executorch.artifacts.store import IncompleteUpload, ObjectInfo, ObjectStore
 from prefect_executorch.spec import check_name
 
@@ -44,6 +44,10 @@ def gc(store: ObjectStore, name: str | None = None, *, grace: timedelta = DEFAUL
     recent = 0
     for bundle, objects in sorted(groups.items()):
         if any(o.key.endswith(f"/{MANIFEST_FILE}") for o in objects):
+            # Published: only a claim its publisher could not remove is left over.
+            stale = [o for o in objects if o.key.endswith(f"/{CLAIM_FILE}") and o.last_modified < cutoff]
+            if stale:
+                orphaned[bundle] = stale
             continue
         # Remove a bundle's objects only when all are old: a recent one means a publish may be running.
         if all(o.last_modified < cutoff for o in objects):
@@ -54,7 +58,7 @@ def gc(store: ObjectStore, name: str | None = None, *, grace: timedelta = DEFAUL
     if apply:
         for bundle, objects in orphaned.items():
             if store.exists(f"{bundle}/{MANIFEST_FILE}"):  # a slow publisher finished meanwhile
-                continue
+                objects = [o for o in objects if o.key.endswith(f"/{CLAIM_FILE}")]
             for info in objects:
                 store.delete(info.key)
         for upload in uploads:

@@ -21,7 +21,10 @@ MANIFEST_FILE = "manifest.json"
 #: ``<name>/aliases/`` holds the aliases, so no version may have that name.
 ALIASES_DIR = "aliases"
 VALIDATION_FILE = "validation.json"
-SCHEMA_VERSION = 1
+#: Created first by a publish, removed after its manifest: one publisher per bundle key.
+CLAIM_FILE = ".publishing"
+#: 2: manifests are sealed with a digest of their canonical JSON (artifacts/signing.py).
+SCHEMA_VERSION = 2
 
 
 class BundleKey(BaseModel):

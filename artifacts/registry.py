@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
 from prefect_executorch.artifacts.manifest import (
     ALIASES_DIR,
+    CLAIM_FILE,
     MANIFEST_FILE,
     VALIDATION_FILE,
     BundleKey,
@@ -19,15 +23,24 @@ from prefect_executorch.artifacts.manifest import (
     method_entries,
     platform_facts,
 )
+from prefect_executorch.artifacts.signing import SigningSettings, canonical, seal, unseal
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.delegation import DelegationFacts
-from prefect_executorch.errors import BundleConflict, BundleNotFound, IntegrityError, ObjectExists
+from prefect_executorch.errors import (
+    BundleConflict,
+    BundleNotFound,
+    IntegrityError,
+    ObjectExists,
+    PrefectExecutorchError,
+)
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec, check_name
 from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain
+
+logger = logging.getLogger(__name__)
 
 
 class BundleRef(BaseModel):
@@ -60,34 +73,117 @@ def list_bundles(store: ObjectStore, name: str, version: str | None = None) -> l
     return found
 
 
-def read_manifest(store: ObjectStore, key: BundleKey) -> tuple[Manifest, bytes]:
-    """The manifest of ``key`` and its stored bytes."""
-    data, _ = store.get_bytes(key.key(MANIFEST_FILE))
+def manifest_bytes(manifest: Manifest, signer: Any = None) -> bytes:
+    """The stored form of ``manifest``: sealed with its digest, signed when ``signer`` is given."""
+    return seal(manifest.model_dump(mode="json"), signer)
+
+
+def parse_manifest(data: bytes, where: str, verifier: Any = None) -> Manifest:
+    """A manifest from its stored bytes; ``IntegrityError`` unless its digest (and signature) hold."""
+    document = unseal(data, where, verifier)
     try:
-        manifest = Manifest.model_validate_json(data)
-    except ValueError as exc:
-        raise IntegrityError(f"{key.key(MANIFEST_FILE)} is not a valid manifest: {exc}") from None
+        return Manifest.model_validate(document)
+    except ValidationError as exc:
+        raise IntegrityError(f"{where} is not a valid manifest: {exc}") from None
+
+
+def read_manifest(store: ObjectStore, key: BundleKey, verifier: Any = None) -> tuple[Manifest, bytes]:
+    """The verified manifest of ``key`` and its stored bytes."""
+    where = key.key(MANIFEST_FILE)
+    data, _ = store.get_bytes(where)
+    manifest = parse_manifest(data, where, verifier)
     if manifest.key != key:
         raise IntegrityError(
-            f"{key.key(MANIFEST_FILE)} describes {manifest.key.prefix}, not {key.prefix}: refusing a manifest "
+            f"{where} describes {manifest.key.prefix}, not {key.prefix}: refusing a manifest "
             "that points outside its own prefix"
         )
     return manifest, data
 
 
-def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest) -> BundleRef:
-    """Upload the bundle's files, then its manifest with create-only semantics."""
+class PublishClaim(BaseModel):
+    """Who is publishing a bundle key: the first publisher creates it, every other one backs off."""
+
+    files_sha256: str = Field(description="sha256 over the bundle's file entries: a retry of the same publish matches.")
+    builder: str
+    started: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+def _files_sha256(manifest: Manifest) -> str:
+    return sha256_bytes(canonical({"files": [entry.model_dump() for entry in manifest.files]}))
+
+
+def _claim(store: ObjectStore, manifest: Manifest) -> bool:
+    """Claim the bundle key for this publish; True if this call created the claim, False for a retry's own."""
+    claim = PublishClaim(files_sha256=_files_sha256(manifest), builder=manifest.builder)
+    claim_key = manifest.key.key(CLAIM_FILE)
+    try:
+        store.put_bytes(claim_key, claim.model_dump_json().encode())
+        return True
+    except ObjectExists:
+        pass
+    try:
+        holder = PublishClaim.model_validate_json(store.get_bytes(claim_key)[0])
+    except BundleNotFound:  # the holder finished (or gave up) between our two requests
+        return _claim(store, manifest)
+    except ValidationError:
+        holder = None
+    if holder is not None and holder.files_sha256 == claim.files_sha256:
+        return False
+    who = f"{holder.builder} since {holder.started:%Y-%m-%d %H:%M:%S} UTC" if holder else "an unknown publisher"
+    raise BundleConflict(
+        f"{manifest.key.prefix} is being published by {who} with other content; nothing was written. If that "
+        "publish died, `prefect-executorch gc` removes its claim after the grace period; or publish a new version"
+    )
+
+
+def _release(store: ObjectStore, manifest: Manifest) -> None:
+    try:
+        store.delete(manifest.key.key(CLAIM_FILE))
+    except PrefectExecutorchError as exc:  # the outcome is decided; gc removes a stale claim
+        logger.warning("could not remove the publish claim of %s (%s)", manifest.key.prefix, type(exc).__name__)
+
+
+def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest, *,
+            signing: SigningSettings | None = None) -> BundleRef:
+    """Claim the key, upload the bundle's files, then its manifest with create-only semantics.
+
+    Of concurrent publishers of one key exactly one succeeds; the others get ``BundleConflict`` and
+    nothing they sent is visible. A retry of a failed publish (same files) resumes where it stopped.
+    """
     key = manifest.key
     manifest_key = key.key(MANIFEST_FILE)
+    body = manifest_bytes(manifest, (signing or SigningSettings()).signer())
     if store.exists(manifest_key):
-        _, existing = read_manifest(store, key)
-        raise BundleConflict(
-            f"{key.prefix} is already published in {store.url} (manifest sha256 {sha256_bytes(existing)}); "
-            "publish a new version instead: nothing was overwritten"
-        )
+        raise _published_already(store, key)
+    created = _claim(store, manifest)
+    try:
+        _upload_files(store, bundle_dir, manifest)
+        try:
+            store.put_bytes(manifest_key, body)
+        except ObjectExists as exc:
+            if exc.existing_sha256 != sha256_bytes(body):
+                raise _published_already(store, key) from None
+            # Our own write landed and its answer was lost; the retry found it.
+    except BundleConflict:
+        if created:
+            _release(store, manifest)
+        raise
+    _release(store, manifest)
+    return BundleRef(store=store.url, key=key, manifest_key=manifest_key, manifest_sha256=sha256_bytes(body))
+
+
+def _published_already(store: ObjectStore, key: BundleKey) -> BundleConflict:
+    existing, _ = store.get_bytes(key.key(MANIFEST_FILE))
+    return BundleConflict(
+        f"{key.prefix} is already published in {store.url} (manifest sha256 {sha256_bytes(existing)}); "
+        "publish a new version instead: nothing was overwritten"
+    )
+
+
+def _upload_files(store: ObjectStore, bundle_dir: Path, manifest: Manifest) -> None:
     for entry in manifest.files:
         try:
-            result = store.put_file(key.key(entry.path), bundle_dir / entry.path, sha256=entry.sha256)
+            result = store.put_file(manifest.key.key(entry.path), bundle_dir / entry.path, sha256=entry.sha256)
         except ObjectExists as exc:
             # A retried publish finds its own object; anything else is another publisher's.
             if exc.existing_sha256 == entry.sha256:
@@ -101,19 +197,6 @@ def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest) -> BundleR
             raise IntegrityError(
                 f"{entry.path} changed while it was published (sha256 {result.sha256}, manifest says {entry.sha256})"
             )
-    body = manifest.model_dump_json(indent=2).encode()
-    try:
-        store.put_bytes(manifest_key, body)
-    except ObjectExists as exc:
-        if exc.existing_sha256 == sha256_bytes(body):
-            # Our own write landed and its answer was lost; the retry found it.
-            return BundleRef(store=store.url, key=key, manifest_key=manifest_key, manifest_sha256=sha256_bytes(body))
-        _, existing = read_manifest(store, key)
-        raise BundleConflict(
-            f"{key.prefix} was published by someone else first (manifest sha256 {sha256_bytes(existing)}); "
-            "nothing was overwritten"
-        ) from None
-    return BundleRef(store=store.url, key=key, manifest_key=manifest_key, manifest_sha256=sha256_bytes(body))
 
 
 def verify_pairing(manifest: Manifest) -> None:
@@ -124,12 +207,14 @@ def verify_pairing(manifest: Manifest) -> None:
         raise IntegrityError(f"manifest of {manifest.key.prefix} lists no checksum for {missing}")
 
 
-def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str | None = None) -> Manifest:
+def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str | None = None,
+         signing: SigningSettings | None = None) -> Manifest:
     """Download a bundle into ``dest`` (which must not exist), verifying every file; all or nothing.
 
-    ``manifest_sha256`` (an alias records it) pins the manifest itself.
+    ``manifest_sha256`` (an alias records it) pins the manifest itself; with a public key in
+    ``signing`` (default: from the environment) the manifest must carry a signature it verifies.
     """
-    manifest, raw = read_manifest(store, key)
+    manifest, raw = read_manifest(store, key, (signing or SigningSettings()).verifier())
     if manifest_sha256 is not None and sha256_bytes(raw) != manifest_sha256:
         raise IntegrityError(
             f"{key.key(MANIFEST_FILE)}: sha256 {sha256_bytes(raw)} is not the {manifest_sha256} the alias recorded; "
@@ -185,11 +270,10 @@ def verify_bundle_dir(bundle_dir: Path) -> Manifest:
     """Check every file of a local bundle against its manifest.json."""
     path = bundle_dir / MANIFEST_FILE
     try:
-        manifest = Manifest.model_validate_json(path.read_bytes())
+        data = path.read_bytes()
     except FileNotFoundError:
         raise BundleNotFound(f"{bundle_dir} has no {MANIFEST_FILE}; pull a bundle or build one first") from None
-    except ValueError as exc:
-        raise IntegrityError(f"{path} is not a valid manifest: {exc}") from None
+    manifest = parse_manifest(data, str(path), SigningSettings().verifier())
     verify_pairing(manifest)
     for entry in manifest.files:
         file = bundle_dir / entry.path
