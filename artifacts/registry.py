@@ -103,13 +103,16 @@ def read_manifest(store: ObjectStore, key: BundleKey, verifier: Any = None) -> t
 class PublishClaim(BaseModel):
     """Who is publishing a bundle key: the first publisher creates it, every other one backs off."""
 
-    files_sha256: str = Field(description="sha256 over the bundle's file entries: a retry of the same publish matches.")
+    files_sha256: str = Field(
+        description="sha256 over the program and data entries: a retry, or a rerun of the same build, matches.")
     builder: str
     started: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
 
 
 def _files_sha256(manifest: Manifest) -> str:
-    return sha256_bytes(canonical({"files": [entry.model_dump() for entry in manifest.files]}))
+    # Reports are left out: a rerun of a crashed build validates again and resumes its own publish.
+    built = [entry.model_dump() for entry in manifest.files if entry.role != "report"]
+    return sha256_bytes(canonical({"files": built}))
 
 
 def _claim(store: ObjectStore, manifest: Manifest) -> bool:

@@ -16,7 +16,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
 
-from helpers import set_aws_env, spec_data  # noqa: E402
+from helpers import fresh_store, set_aws_env, spec_data  # noqa: E402
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
@@ -61,3 +61,13 @@ def s3_env(s3_server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The session's S3 server, with boto3's standard chain pointing at it (and nowhere else)."""
     set_aws_env(monkeypatch, s3_server)
     return s3_server
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """A fresh local directory store, or a fresh bucket on the session's SeaweedFS."""
+    from prefect_executorch.artifacts.store import LocalStore
+
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    return fresh_store(request.getfixturevalue("s3_env"))

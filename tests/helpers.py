@@ -35,3 +35,10 @@ def set_aws_env(patch: pytest.MonkeyPatch, server: Any) -> None:
         patch.delenv(name, raising=False)
     for name, value in server.env().items():
         patch.setenv(name, value)
+
+
+def fresh_store(server: Any, **settings: Any) -> Any:
+    """An S3Store on a new bucket of a SeaweedS3 ``server`` (credentials from the environment)."""
+    from prefect_executorch.artifacts.s3 import S3Settings, S3Store
+
+    return S3Store.from_url(f"s3://{server.make_bucket()}/reg", settings=S3Settings(**settings))

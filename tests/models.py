@@ -64,6 +64,28 @@ def mlp() -> nn.Module:
     return Mlp()
 
 
+class Wide(nn.Module):
+    """Two square layers: weights of 8 * width**2 bytes (float32)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(width, width)
+        self.fc2 = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def wide_24mb() -> nn.Module:
+    torch.manual_seed(3)
+    return Wide(1774)
+
+
+def wide_200mb() -> nn.Module:
+    torch.manual_seed(4)
+    return Wide(5120)
+
+
 def not_a_module() -> object:
     return {"weights": [1, 2, 3]}
 

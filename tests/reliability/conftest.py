@@ -5,10 +5,43 @@ The session ends with a summary table (quoted in README's reliability section).
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
+
+from helpers import spec_data
+from realbundle import RealBundle
+from prefect_executorch.artifacts.registry import prepare_bundle
+from prefect_executorch.exporter import export_program
+from prefect_executorch.spec import parse_spec
+from prefect_executorch.toolchain import probe
+from prefect_executorch.validator import validate_program
+
+#: Input shape of each model factory of tests/models.py that the store tests export.
+SHAPES = {"convnet": [2, 3, 8, 8], "mlp": [2, 32], "wide_24mb": [2, 1774], "wide_200mb": [2, 5120]}
+
+
+@pytest.fixture(scope="session")
+def real_bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], RealBundle]]:
+    """Export, validate and prepare (not publish) a model of ``SHAPES``; once per session."""
+    made: dict[str, RealBundle] = {}
+
+    def make(factory: str) -> RealBundle:
+        if factory not in made:
+            spec = parse_spec(spec_data(factory, external_weights=True,
+                                        methods={"forward": {"inputs": [{"name": "x", "shape": SHAPES[factory]}]}}))
+            root = tmp_path_factory.mktemp(factory)
+            export = export_program(spec, root / "export")
+            report = validate_program(spec, export.path, export.data_files, scratch_dir=root)
+            manifest = prepare_bundle(spec, probe(), export, report)
+            made[factory] = RealBundle(spec=spec, dir=export.path, manifest=manifest)
+        return made[factory]
+
+    yield make
+    for bundle in made.values():
+        shutil.rmtree(bundle.dir, ignore_errors=True)
 
 
 @dataclass
@@ -46,3 +79,4 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         write(f"{f.area:<14} {f.fault:<58} {f.injected:>8} {f.survived:>8} {f.objects_lost:>5}")
     write(f"{'total':<14} {'':<58} {sum(f.injected for f in FAULTS):>8} "
           f"{sum(f.survived for f in FAULTS):>8} {sum(f.objects_lost for f in FAULTS):>5}")
+

@@ -7,6 +7,7 @@ free, telemetry is off, buckets are never auto-created, and the server stops by 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -105,7 +106,7 @@ class SeaweedS3:
 
     def start(self) -> SeaweedS3:
         """Start the server and wait until ``/healthz`` answers 200."""
-        binary = weed_binary()  # fail before creating anything
+        weed_binary()  # fail before creating anything
         tmp = Path(tempfile.mkdtemp(prefix="prefect-executorch-weed-"))
         self.workdir = tmp
         (tmp / "data").mkdir()
@@ -119,15 +120,33 @@ class SeaweedS3:
             used.add(self.ports[name])
         self.ports["admin"] = _free_admin_port(used)
         self.ports["admin.grpc"] = self.ports["admin"] + 10000
-        command = self._command(binary, tmp)
-        with open(tmp / "weed.out", "wb") as log:
+        self._launch()
+        return self
+
+    def _launch(self) -> None:
+        assert self.workdir is not None
+        command = self._command(weed_binary(), self.workdir)
+        with open(self.workdir / "weed.out", "ab") as log:
             self._proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             self._wait_ready()
         except BaseException:
             self.stop()
             raise
-        return self
+
+    def kill(self) -> None:
+        """SIGKILL the server and all its processes, as a crash would; its data stays for ``restart``."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self._remove_sockets()
+
+    def restart(self) -> None:
+        """Start the server again on the same ports and data after ``kill``."""
+        if self._proc is not None:
+            raise RuntimeError("the server is running; kill() it first")
+        self._launch()
 
     def _wait_ready(self) -> None:
         assert self._proc is not None and self.workdir is not None
@@ -156,13 +175,19 @@ class SeaweedS3:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        self._remove_sockets()
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
+
+    def _remove_sockets(self) -> None:
         # weed leaves gRPC unix sockets named after its ports in /tmp and has no flag to move them.
         for port in self.ports.values():
             for kind in _SOCKET_KINDS:
                 Path(f"/tmp/seaweedfs-{kind}-grpc-{port}.sock").unlink(missing_ok=True)
+        if self.workdir is not None:
+            for name in ("filer.sock", "s3.sock"):
+                (self.workdir / name).unlink(missing_ok=True)
 
     def client(self, **config: Any) -> Any:
         """A boto3 S3 client with the server's credentials (path-style, SigV4)."""

@@ -1,0 +1,136 @@
+"""Concurrency: one winner per publish key and per alias move; builds in one flow run share no directory."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from prefect import flow
+
+from helpers import spec_data
+from realbundle import RealBundle
+from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, promote, read_alias
+from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE
+from prefect_executorch.artifacts.registry import BundleRef, publish, pull, read_manifest, verify_bundle_dir
+from prefect_executorch.artifacts.store import LocalStore, ObjectStore
+from prefect_executorch.errors import BundleConflict
+from prefect_executorch.exporter import ExportedProgramDir
+from prefect_executorch.hashing import sha256_bytes
+from prefect_executorch.spec import parse_spec
+from prefect_executorch.tasks.export import export_model
+from prefect_executorch.tasks.probe import probe_toolchain
+from prefect_executorch.tasks.publish import publish_bundle
+from prefect_executorch.tasks.validate import validate_export
+
+CONTENDERS = 8
+SHAPES = {"convnet": [2, 3, 8, 8], "two_outputs": [5, 16], "mlp": [2, 32]}
+
+
+def race(contenders: list[Callable[[], Any]]) -> list[Any]:
+    """Start every call at once; each one's result, or the ``BundleConflict`` it raised."""
+    outcomes: list[Any] = [None] * len(contenders)
+    barrier = threading.Barrier(len(contenders))
+
+    def run(index: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[index] = contenders[index]()
+        except BundleConflict as exc:
+            outcomes[index] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(contenders))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
+@pytest.mark.parametrize("builds", ["same program, own manifests", "same program, other reports", "other programs"])
+def test_concurrent_publishes_of_one_key(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore,
+                                         record_fault: Any, tmp_path: Path, builds: str) -> None:
+    convnet = real_bundle("convnet")
+    if builds == "other programs":
+        others = [convnet, real_bundle("mlp").under(convnet)]
+        sources = [others[i % 2].variant(tmp_path / str(i)) for i in range(CONTENDERS)]
+    else:
+        suffix = (lambda i: b"\n" * i) if builds == "same program, other reports" else (lambda i: b"")
+        sources = [convnet.variant(tmp_path / str(i), report_suffix=suffix(i)) for i in range(CONTENDERS)]
+    outcomes = race([lambda source=source: publish(any_store, *source) for source in sources])
+
+    won = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, BundleRef)]
+    lost = [outcome for outcome in outcomes if isinstance(outcome, BundleConflict)]
+    assert len(won) == 1 and len(lost) == CONTENDERS - 1, outcomes
+    assert all("nothing was" in str(exc) or "another publisher" in str(exc) for exc in lost), lost
+    key = convnet.manifest.key
+    stored, raw = read_manifest(any_store, key)
+    assert stored == sources[won[0]][1] and sha256_bytes(raw) == outcomes[won[0]].manifest_sha256
+    assert pull(any_store, key, tmp_path / "pulled") == stored
+    assert verify_bundle_dir(tmp_path / "pulled") == stored
+    left = {info.key for info in any_store.list(key.prefix + "/")}
+    assert left == {key.key(entry.path) for entry in stored.files} | {key.key(MANIFEST_FILE)}, "a claim or a stray object"
+    assert key.key(CLAIM_FILE) not in left and any_store.incomplete_uploads("") == []
+    record_fault("concurrency", f"{CONTENDERS} publishes of one key, {builds} ({store_kind(any_store)})",
+                 injected=CONTENDERS - 1)
+
+
+def store_kind(store: ObjectStore) -> str:
+    return "local" if isinstance(store, LocalStore) else "S3"
+
+
+def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore,
+                                                    record_fault: Any, tmp_path: Path) -> None:
+    convnet = real_bundle("convnet")
+    versions = [str(10 + i) for i in range(CONTENDERS + 1)]
+    for version in versions:
+        publish(any_store, *convnet.variant(tmp_path, version=version))
+    promote(any_store, "convnet", versions[0], "canary")
+    winners = [versions[0]]
+    rounds = 3
+    for _ in range(rounds):
+        # Every contender moves the alias away from where it is, each only if it is still there.
+        contenders = [v for v in versions if v != winners[-1]]
+        outcomes = race([lambda v=v, base=winners[-1]: promote(any_store, "convnet", v, "canary", expect_version=base)
+                         for v in contenders])
+        won = [v for v, outcome in zip(contenders, outcomes) if isinstance(outcome, AliasRecord)]
+        assert len(won) == 1, outcomes
+        assert all(f"convnet {won[0]}" in str(o) for o in outcomes if isinstance(o, BundleConflict))
+        winners.append(won[0])
+    current = read_alias(any_store, "convnet", "canary")
+    assert current is not None and current[0].version == winners[-1]
+    history = alias_history(any_store, "convnet", "canary")
+    assert [h.version for h in history] == winners, "a lost update"
+    assert all(h.previous is not None and h.previous.version == p.version for p, h in zip(history, history[1:]))
+    record_fault("concurrency", f"{CONTENDERS} promotions of one alias, {rounds} rounds ({store_kind(any_store)})",
+                 injected=rounds * (CONTENDERS - 1))
+
+
+@flow
+def build_three_at_once(store: str, output_root: str) -> list[tuple[ExportedProgramDir, BundleRef]]:
+    """Export, validate and publish three models concurrently in one flow run, sharing one output root."""
+    toolchain = probe_toolchain()
+    specs = [parse_spec(spec_data(factory, methods={"forward": {"inputs": [{"name": "x", "shape": shape}]}}))
+             for factory, shape in SHAPES.items()]
+    exports = [export_model.submit(spec, Path(output_root)) for spec in specs]
+    reports = [validate_export.submit(spec, export, Path(output_root)) for spec, export in zip(specs, exports)]
+    refs = [publish_bundle.submit(spec, toolchain, export, report, store)
+            for spec, export, report in zip(specs, exports, reports)]
+    return [(export.result(), ref.result()) for export, ref in zip(exports, refs)]
+
+
+def test_concurrent_builds_in_one_flow_run_share_nothing_on_disk(prefect_harness: None, record_fault: Any,
+                                                                 tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    built = build_three_at_once(str(store.root), str(tmp_path / "out"))
+    dirs = [Path(export.out_dir) for export, _ in built]
+    assert len(set(dirs)) == 3 and all(d.parent == tmp_path / "out" for d in dirs)
+    for export, ref in built:
+        # Each directory holds exactly its own bundle, byte for byte what was published.
+        manifest = pull(store, ref.key, tmp_path / "pulled" / ref.key.name)
+        assert {p.name for p in Path(export.out_dir).iterdir()} == {e.path for e in manifest.files}
+        for entry in manifest.files:
+            pulled = tmp_path / "pulled" / ref.key.name / entry.path
+            assert (Path(export.out_dir) / entry.path).read_bytes() == pulled.read_bytes()
+    record_fault("concurrency", "3 builds of different models in one flow run, one output root", injected=3)

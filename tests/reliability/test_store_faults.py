@@ -1,0 +1,123 @@
+"""Store faults on a real SeaweedFS: the server killed mid-publish, resets and 503s on the wire."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from faultproxy import FaultProxy, Rule
+from helpers import set_aws_env
+from realbundle import RealBundle
+from prefect_executorch.artifacts.gc import gc
+from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE
+from prefect_executorch.artifacts.registry import publish, pull, verify_bundle_dir
+from prefect_executorch.artifacts.s3 import S3Settings, S3Store
+from prefect_executorch.errors import BundleConflict, StoreError
+from prefect_executorch.testing.seaweedfs import SeaweedS3
+
+pytestmark = [pytest.mark.s3, pytest.mark.slow]
+MiB = 2**20
+#: Fail fast once the server is gone: two attempts, short waits.
+IMPATIENT = {"multipart_threshold": 8 * MiB, "part_size": 8 * MiB, "max_concurrency": 4, "max_attempts": 2,
+             "retry_backoff_s": 0.1, "connect_timeout_s": 1.0, "read_timeout_s": 20.0}
+
+
+def test_server_killed_mid_multipart_publish(real_bundle: Callable[[str], RealBundle], record_fault: Any,
+                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = real_bundle("wide_200mb")
+    assert sum(entry.size for entry in bundle.manifest.files) >= 200 * MiB
+    key = bundle.manifest.key
+    with SeaweedS3() as server:
+        set_aws_env(monkeypatch, server)
+        bucket = server.make_bucket()
+        killed_at: list[int] = []
+
+        def kill_a_third_of_the_way(name: str, done: int, total: int) -> None:
+            if done >= total // 3 and not killed_at:
+                killed_at.append(done)
+                server.kill()
+
+        store = S3Store(bucket, "reg", settings=S3Settings(**IMPATIENT), progress=kill_a_third_of_the_way)
+        with pytest.raises(StoreError):
+            publish(store, bundle.dir, bundle.manifest)
+        assert killed_at and killed_at[0] < bundle.manifest.file("model.ptd").size
+
+        server.restart()
+        store = S3Store(bucket, "reg", settings=S3Settings(**IMPATIENT))
+        left = {info.key for info in store.list("")}
+        assert key.key(MANIFEST_FILE) not in left and key.key("model.ptd") not in left
+        # The retried publish (same files) resumes under its own claim and completes.
+        ref = publish(store, bundle.dir, bundle.manifest)
+        assert {info.key for info in store.list("")} == {key.key(e.path) for e in bundle.manifest.files} | {
+            key.key(MANIFEST_FILE)}
+        assert pull(store, ref.key, tmp_path / "pulled") == bundle.manifest
+        assert verify_bundle_dir(tmp_path / "pulled") == bundle.manifest
+        # What the killed upload left (an unfinished multipart upload) is gc's, and only that.
+        report = gc(store, grace=timedelta(0), apply=True)
+        assert [o.key for o in report.orphans] == [] and store.incomplete_uploads("") == []
+        assert pull(store, ref.key, tmp_path / "again") == bundle.manifest
+    record_fault("store", "S3 server SIGKILLed mid multipart publish (200 MB), restarted")
+
+
+def test_resets_and_503s_during_publish_and_pull(real_bundle: Callable[[str], RealBundle], s3_env: SeaweedS3,
+                                                 record_fault: Any, tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    bundle = real_bundle("wide_24mb")
+    rules = [
+        Rule("PUT", "reset", 3, match="partNumber=", after=2 * MiB),
+        Rule("PUT", "503", 3, match="partNumber="),
+        Rule("PUT", "503", 1, match=CLAIM_FILE),
+        Rule("PUT", "503", 1, match=MANIFEST_FILE),
+        Rule("GET", "reset", 2, match="model.ptd", after=2 * MiB),
+        Rule("GET", "503", 2, match="model.pte"),
+        Rule("GET", "503", 1, match=MANIFEST_FILE),
+    ]
+    with FaultProxy(int(s3_env.endpoint_url.rsplit(":", 1)[1]), rules) as proxy:
+        store = S3Store(s3_env.make_bucket(), "reg", settings=S3Settings(
+            endpoint_url=proxy.endpoint_url, multipart_threshold=5 * MiB, part_size=5 * MiB, max_concurrency=2,
+            max_attempts=3, retry_backoff_s=0.05))
+        ref = publish(store, bundle.dir, bundle.manifest)
+        pulled = pull(store, ref.key, tmp_path / "pulled")
+        assert store.incomplete_uploads("") == []
+    assert [(rule.hits, rule.times) for rule in rules] == [(rule.times, rule.times) for rule in rules]
+    assert pulled == bundle.manifest and verify_bundle_dir(tmp_path / "pulled") == bundle.manifest
+    for path in (bundle.manifest.program, *bundle.manifest.data_files):
+        assert (tmp_path / "pulled" / path).read_bytes() == (bundle.dir / path).read_bytes()
+    assert "retry 1/" in caplog.text  # our own retry took over where botocore's stopped
+    for rule in rules:
+        record_fault("store", f"{rule.fault} on {rule.method} {rule.match or 'any'} (fault proxy)", injected=rule.times)
+
+
+def test_concurrent_publishes_while_the_server_dies(real_bundle: Callable[[str], RealBundle], record_fault: Any,
+                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A publish that loses its server keeps its claim: another build cannot slip in, a rerun of the same build can."""
+    bundle = real_bundle("wide_24mb")
+    with SeaweedS3() as server:
+        set_aws_env(monkeypatch, server)
+        bucket = server.make_bucket()
+        started = threading.Event()
+
+        def kill_on_first_part(name: str, done: int, total: int) -> None:
+            if not started.is_set():
+                started.set()
+                server.kill()
+
+        store = S3Store(bucket, "reg", settings=S3Settings(**{**IMPATIENT, "part_size": 5 * MiB,
+                                                               "multipart_threshold": 5 * MiB}),
+                        progress=kill_on_first_part)
+        with pytest.raises(StoreError):
+            publish(store, bundle.dir, bundle.manifest)
+        server.restart()
+        store = S3Store(bucket, "reg", settings=S3Settings(**IMPATIENT))
+        # Another build of the same name and version (another program) must not slip in before the retry.
+        with pytest.raises(BundleConflict, match="is being published by .* with other content"):
+            publish(store, *real_bundle("mlp").under(bundle).variant(tmp_path))
+        # A rerun of the same build (validated again: another report) resumes the publish.
+        rerun_dir, rerun = bundle.variant(tmp_path, report_suffix=b"\n")
+        assert publish(store, rerun_dir, rerun).key == bundle.manifest.key
+        assert pull(store, bundle.manifest.key, tmp_path / "pulled") == rerun
+    record_fault("store", "S3 killed mid publish; another build, then a rerun, try the key")
