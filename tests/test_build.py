@@ -10,7 +10,7 @@ import torch
 from prefect_executorch.artifacts.manifest import BundleKey, Manifest
 from prefect_executorch.artifacts.registry import pull, verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
-from prefect_executorch.errors import ExportFailed, SpecError, ValidationFailed
+from prefect_executorch.errors import ExportFailed, ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.inputs import random_inputs
@@ -117,8 +117,3 @@ def test_export_child_crash_is_a_failed_task(make_spec, tmp_path: Path) -> None:
         build_bundle(spec, store=str(tmp_path / "store"), output=str(tmp_path / "out"))
     assert "child stderr" in str(info.value)
     assert [p.name for p in (tmp_path / "out").iterdir()] == []  # no half export left behind
-
-
-def test_factory_returning_no_module_is_a_spec_error(make_spec, tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match="returned dict, expected a torch.nn.Module"):
-        build_bundle(make_spec("not_a_module"), store=str(tmp_path / "store"))

@@ -6,7 +6,6 @@ import base64
 import hashlib
 import os
 import shutil
-import threading
 import time
 import uuid
 from dataclasses import dataclass

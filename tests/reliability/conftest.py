@@ -72,11 +72,11 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not FAULTS:
         return
     write = terminalreporter.write_line
+    width = max(len(f.fault) for f in FAULTS)
     write("")
-    write("reliability summary")
-    write(f"{'area':<14} {'fault':<58} {'injected':>8} {'survived':>8} {'lost':>5}")
+    write("reliability summary (a row is written once its test's assertions have passed)")
+    write(f"{'area':<12} {'fault':<{width}} {'injected':>8} {'survived':>8} {'lost':>5}")
     for f in FAULTS:
-        write(f"{f.area:<14} {f.fault:<58} {f.injected:>8} {f.survived:>8} {f.objects_lost:>5}")
-    write(f"{'total':<14} {'':<58} {sum(f.injected for f in FAULTS):>8} "
+        write(f"{f.area:<12} {f.fault:<{width}} {f.injected:>8} {f.survived:>8} {f.objects_lost:>5}")
+    write(f"{'total':<12} {'':<{width}} {sum(f.injected for f in FAULTS):>8} "
           f"{sum(f.survived for f in FAULTS):>8} {sum(f.objects_lost for f in FAULTS):>5}")
-

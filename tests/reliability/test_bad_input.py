@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from prefect_executorch.artifacts.aliases import read_alias
+from prefect_executorch.artifacts.s3 import S3Store
+from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import ExportFailed, SpecError
 from prefect_executorch.exporter import export_program
 from prefect_executorch.modelref import load_model
@@ -102,3 +105,22 @@ def test_cli_failed_build_exits_1(tmp_path: Path, record_fault) -> None:
     assert "ExportFailed" in result.stderr and "SIGABRT" in result.stderr
     assert not (tmp_path / "store").exists()
     record_fault("process", "cli build whose export aborts")
+
+
+def test_factory_that_returns_the_wrong_type(make_spec, record_fault, tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"model: factory .*not_a_module' returned dict, expected a torch.nn.Module"):
+        export_program(make_spec("not_a_module"), tmp_path / "out")
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+    record_fault("bad input", "factory returns a dict")
+
+
+@pytest.mark.parametrize("value", ["../escape", "/abs", "a/b", "nul\x00byte", "x" * 129, "..", ""])
+def test_unsafe_aliases_and_store_prefixes(record_fault, tmp_path: Path, value: str) -> None:
+    store = LocalStore(tmp_path / "store")
+    with pytest.raises(SpecError, match="alias: .*not a valid name"):
+        read_alias(store, "convnet", value)
+    if value.strip("/"):  # an empty prefix is the bucket's root, which is allowed
+        with pytest.raises(SpecError, match="store key .* is not a relative path of plain segments|not a valid"):
+            S3Store("bucket", value + "/..")
+    assert not (tmp_path / "store").exists()
+    record_fault("bad input", f"unsafe alias / store prefix {value[:20]!r}", injected=2 if value.strip("/") else 1)

@@ -1,0 +1,145 @@
+"""Integrity: whatever happened to the stored objects, pull refuses them and writes nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+from realbundle import RealBundle
+from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey
+from prefect_executorch.artifacts.registry import BundleRef, publish, pull
+from prefect_executorch.artifacts.signing import SigningSettings, seal
+from prefect_executorch.artifacts.store import LocalStore, ObjectStore
+from prefect_executorch.errors import IntegrityError, SpecError
+
+
+def overwrite(store: ObjectStore, key: str, data: bytes) -> None:
+    """Replace an object behind the store's back, as corruption on disk or an intruder would."""
+    if isinstance(store, LocalStore):
+        (store.root / key).write_bytes(data)
+    else:
+        store.client.put_object(Bucket=store.bucket, Key=f"{store.prefix}/{key}", Body=data)  # type: ignore[attr-defined]
+
+
+def refused(store: ObjectStore, key: BundleKey, dest: Path, match: str, **pull_options: Any) -> None:
+    """Pull must raise ``IntegrityError`` (matching ``match``) and leave nothing beside ``dest``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    before = set(dest.parent.iterdir())
+    with pytest.raises(IntegrityError, match=match):
+        pull(store, key, dest, **pull_options)
+    assert set(dest.parent.iterdir()) == before and not dest.exists()
+
+
+@pytest.fixture
+def published(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore, tmp_path: Path) -> BundleRef:
+    return publish(any_store, *real_bundle("convnet").variant(tmp_path / "src"))
+
+
+@pytest.mark.parametrize("target", ["model.pte", "model.ptd", MANIFEST_FILE])
+def test_flipped_bytes_are_refused(published: BundleRef, any_store: ObjectStore, record_fault: Any, tmp_path: Path,
+                                   target: str) -> None:
+    key = published.key.key(target)
+    original, _ = any_store.get_bytes(key)
+    # Every 97th byte of the manifest (its JSON syntax, names, numbers and checksums); three spots elsewhere.
+    positions = range(0, len(original), 97) if target == MANIFEST_FILE else [0, len(original) // 2, len(original) - 1]
+    for n, position in enumerate(positions):
+        corrupt = bytearray(original)
+        corrupt[position] ^= 0x01
+        overwrite(any_store, key, bytes(corrupt))
+        refused(any_store, published.key, tmp_path / "out" / f"try-{n}",
+                "manifest|does not match the manifest" if target == MANIFEST_FILE else f"{target}: sha256 .* does not match")
+    overwrite(any_store, key, original)
+    assert pull(any_store, published.key, tmp_path / "good").key == published.key
+    record_fault("integrity", f"flipped bit in {target} ({kind(any_store)})", injected=len(positions))
+
+
+@pytest.mark.parametrize("target", ["model.pte", "model.ptd", MANIFEST_FILE])
+def test_truncated_objects_are_refused(published: BundleRef, any_store: ObjectStore, record_fault: Any,
+                                       tmp_path: Path, target: str) -> None:
+    key = published.key.key(target)
+    original, _ = any_store.get_bytes(key)
+    for n, length in enumerate([0, len(original) // 2, len(original) - 1]):
+        overwrite(any_store, key, original[:length])
+        refused(any_store, published.key, tmp_path / "out" / f"try-{n}", "manifest|does not match the manifest")
+    record_fault("integrity", f"truncated {target} ({kind(any_store)})", injected=3)
+
+
+def test_data_file_of_another_bundle_is_refused(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore,
+                                                record_fault: Any, tmp_path: Path) -> None:
+    convnet = real_bundle("convnet")
+    mine = publish(any_store, *convnet.variant(tmp_path / "a", version="30"))
+    other = publish(any_store, *real_bundle("mlp").under(convnet).variant(tmp_path / "b", version="31"))
+    overwrite(any_store, mine.key.key("model.ptd"), any_store.get_bytes(other.key.key("model.ptd"))[0])
+    refused(any_store, mine.key, tmp_path / "out" / "a", "model.ptd: sha256 .* corrupt or was swapped")
+    record_fault("integrity", f".ptd of another bundle ({kind(any_store)})")
+
+
+def test_manifest_pointing_outside_its_prefix_is_refused(real_bundle: Callable[[str], RealBundle],
+                                                         any_store: ObjectStore, record_fault: Any,
+                                                         tmp_path: Path) -> None:
+    convnet = real_bundle("convnet")
+    first = publish(any_store, *convnet.variant(tmp_path / "a", version="40"))
+    second = publish(any_store, *convnet.variant(tmp_path / "b", version="41"))
+    raw, _ = any_store.get_bytes(first.manifest_key)
+    # A valid, sealed manifest of another bundle, copied in.
+    overwrite(any_store, second.manifest_key, raw)
+    refused(any_store, second.key, tmp_path / "out" / "b", "describes convnet/40/.*not convnet/41/")
+    # A manifest whose files reach out of the bundle, sealed again so that only the path gives it away.
+    document = json.loads(raw)
+    del document["digest"]
+    document["files"][0]["path"] = "../../41/xnnpack/" + document["files"][0]["path"]
+    overwrite(any_store, first.manifest_key, seal(document))
+    refused(any_store, first.key, tmp_path / "out" / "a", "must be a plain file name inside the bundle")
+    record_fault("integrity", f"manifest pointing outside its prefix ({kind(any_store)})", injected=2)
+
+
+def kind(store: ObjectStore) -> str:
+    return "local" if isinstance(store, LocalStore) else "S3"
+
+
+def key_pair(directory: Path, name: str) -> SigningSettings:
+    """A new Ed25519 key pair as PEM files, and the settings that use it for signing and verifying."""
+    key = Ed25519PrivateKey.generate()
+    directory.mkdir(parents=True, exist_ok=True)
+    private, public = directory / f"{name}.pem", directory / f"{name}.pub"
+    private.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    return SigningSettings(signing_key=private, public_key=public)
+
+
+def test_signed_manifests(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore, record_fault: Any,
+                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    convnet = real_bundle("convnet")
+    ours, theirs = key_pair(tmp_path / "keys", "ours"), key_pair(tmp_path / "keys", "theirs")
+    signed = publish(any_store, *convnet.variant(tmp_path / "a", version="50"), signing=ours)
+    unsigned = publish(any_store, *convnet.variant(tmp_path / "b", version="51"), signing=SigningSettings())
+    by_them = publish(any_store, *convnet.variant(tmp_path / "c", version="52"), signing=theirs)
+    assert pull(any_store, signed.key, tmp_path / "ok", signing=ours).version == "50"
+    # The public key from the environment, as a deployment would configure it.
+    monkeypatch.setenv("PREFECT_EXECUTORCH_MANIFEST_PUBLIC_KEY", str(ours.public_key))
+    refused(any_store, unsigned.key, tmp_path / "out" / "b", "is not signed, and a manifest public key is configured")
+    refused(any_store, by_them.key, tmp_path / "out" / "c", "is signed by key .*, not by the configured public key")
+    # Edited and sealed again (a valid digest), but the signature no longer covers it.
+    document = json.loads(any_store.get_bytes(signed.manifest_key)[0])
+    document["validation"]["passed"] = not document["validation"]["passed"]
+    signature = document.pop("signature")
+    del document["digest"]
+    forged = json.loads(seal(document))
+    overwrite(any_store, signed.manifest_key, json.dumps({**forged, "signature": signature}).encode())
+    refused(any_store, signed.key, tmp_path / "out" / "a", "its Ed25519 signature does not verify")
+    record_fault("integrity", f"unsigned / foreign-signed / forged manifest, key configured ({kind(any_store)})",
+                 injected=3)
+
+
+def test_unusable_keys_name_the_setting(tmp_path: Path) -> None:
+    (tmp_path / "not-a-key.pem").write_text("-----BEGIN PRIVATE KEY-----\nsecret-ish\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(SpecError, match="manifest signing_key: .* is not a PEM key") as info:
+        SigningSettings(signing_key=tmp_path / "not-a-key.pem").signer()
+    assert "secret-ish" not in str(info.value)
+    with pytest.raises(SpecError, match="manifest public_key: cannot read .*PREFECT_EXECUTORCH_MANIFEST_PUBLIC_KEY"):
+        SigningSettings(public_key=tmp_path / "absent.pub").verifier()

@@ -1,0 +1,94 @@
+"""Secrets: credentials never reach logs, exceptions, artifacts, results or bundles; anonymous S3 is refused."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import boto3
+import pytest
+from botocore import UNSIGNED
+from botocore.config import Config
+from botocore.exceptions import ClientError
+from prefect.client.orchestration import get_client
+from prefect.settings import get_current_settings
+
+from helpers import spec_data
+from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.errors import PrefectExecutorchError
+from prefect_executorch.flows.build import build_bundle
+from prefect_executorch.flows.promote import promote
+from prefect_executorch.spec import parse_spec
+from prefect_executorch.testing.seaweedfs import SeaweedS3
+
+pytestmark = pytest.mark.s3
+
+
+def files_under(*roots: Path) -> Iterator[Path]:
+    for root in roots:
+        if root.is_file():
+            yield root
+        elif root.is_dir():
+            yield from (path for path in root.rglob("*") if path.is_file())
+
+
+def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, record_fault: Any, tmp_path: Path,
+                                monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                                capfd: pytest.CaptureFixture[str]) -> None:
+    caplog.set_level("DEBUG")
+    url = f"s3://{s3_env.make_bucket()}/reg"
+    spec = parse_spec(spec_data("convnet", version="1"))
+    ref = build_bundle(spec, store=url, output=str(tmp_path / "out"))
+    promote(spec.name, "1", "prod", url)
+    # The same flows with a wrong secret: they fail, and their errors must not quote it either.
+    wrong = f"wrong-secret-{uuid.uuid4().hex}"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
+    errors: list[BaseException] = []
+    for attempt in (lambda: build_bundle(spec.model_copy(update={"version": "2"}), store=url),
+                    lambda: promote(spec.name, "1", "canary", url)):
+        with pytest.raises(PrefectExecutorchError) as info:
+            attempt()
+        errors.append(info.value)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_env.secret_key)
+
+    seen: dict[str, str] = {"test log": caplog.text, "stdout+stderr": "".join(capfd.readouterr())}
+    seen.update({f"exception {i}": f"{exc!s} {exc!r} {exc.__cause__!r} {exc.__context__!r}"
+                 for i, exc in enumerate(errors)})
+    with get_client(sync_client=True) as client:
+        seen["prefect logs"] = "\n".join(log.message for log in client.read_logs())
+        seen["prefect artifacts"] = "\n".join(f"{a.key} {a.data} {a.description}" for a in client.read_artifacts())
+        seen["flow runs"] = "\n".join(f"{run.parameters} {run.state.message if run.state else ''}"
+                                      for run in client.read_flow_runs())
+    store = open_store(url)
+    seen.update({f"object {info.key}": store.get_bytes(info.key)[0].decode("latin-1") for info in store.list("")})
+    database = Path(get_current_settings().server.database.connection_url.get_secret_value().split("///")[-1])
+    home = Path(os.environ["PREFECT_HOME"])
+    seen.update({f"file {path}": path.read_bytes().decode("latin-1")
+                 for path in files_under(tmp_path, home, database)})
+    assert f"object {ref.manifest_key}" in seen and f"file {database}" in seen and len(seen) > 10
+    for secret in (s3_env.secret_key, wrong):
+        leaks = [where for where, text in seen.items() if secret in text]
+        assert leaks == [], f"a secret appears in {leaks}"
+    record_fault("secrets", f"secret searched in {len(seen)} logs, errors, artifacts, runs, objects, files",
+                 injected=2)
+
+
+def test_anonymous_requests_are_refused(s3_env: SeaweedS3, record_fault: Any) -> None:
+    bucket = s3_env.make_bucket()
+    s3_env.client().put_object(Bucket=bucket, Key="reg/m/1/t/c/model.pte", Body=b"program")
+    anonymous = boto3.client("s3", endpoint_url=s3_env.endpoint_url, region_name=s3_env.region,
+                             config=Config(signature_version=UNSIGNED, s3={"addressing_style": "path"}))
+    attempts = [
+        lambda: anonymous.get_object(Bucket=bucket, Key="reg/m/1/t/c/model.pte"),
+        lambda: anonymous.list_objects_v2(Bucket=bucket),
+        lambda: anonymous.put_object(Bucket=bucket, Key="reg/m/1/t/c/manifest.json", Body=b"{}"),
+        lambda: anonymous.list_buckets(),
+    ]
+    for attempt in attempts:
+        with pytest.raises(ClientError) as info:
+            attempt()
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    assert [o["Key"] for o in s3_env.client().list_objects_v2(Bucket=bucket)["Contents"]] == ["reg/m/1/t/c/model.pte"]
+    record_fault("secrets", "anonymous get, list, put, list buckets", injected=len(attempts))
