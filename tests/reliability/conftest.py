@@ -80,3 +80,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         write(f"{f.area:<12} {f.fault:<{width}} {f.injected:>8} {f.survived:>8} {f.objects_lost:>5}")
     write(f"{'total':<12} {'':<{width}} {sum(f.injected for f in FAULTS):>8} "
           f"{sum(f.survived for f in FAULTS):>8} {sum(f.objects_lost for f in FAULTS):>5}")
+    write("")
+    write("by area")
+    write(f"{'area':<12} {'kinds':>5} {'injected':>8} {'survived':>8} {'lost':>5}")
+    for area in sorted({f.area for f in FAULTS}):
+        rows = [f for f in FAULTS if f.area == area]
+        write(f"{area:<12} {len(rows):>5} {sum(f.injected for f in rows):>8} {sum(f.survived for f in rows):>8} "
+              f"{sum(f.objects_lost for f in rows):>5}")
