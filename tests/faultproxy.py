@@ -54,8 +54,18 @@ class FaultProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+
+    async def _shutdown(self) -> None:
+        """Stop listening and end every connection still open."""
+        assert self._server is not None
+        self._server.close()
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     @property
     def endpoint_url(self) -> str:
@@ -67,7 +77,7 @@ class FaultProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
-        self._server.close()
+        self._loop.close()
 
     def _take(self, method: str, target: str) -> Rule | None:
         with self._lock:

@@ -49,11 +49,14 @@ def handle_errors(function: F) -> F:
 
 
 @app.callback()
-def main(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
+def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
     """Export PyTorch models to ExecuTorch, validate them against eager PyTorch, publish bundles."""
     _quiet_defaults()
     if debug:
         os.environ["PREFECT_EXECUTORCH_DEBUG"] = "1"
+    from prefect_executorch.embedded import embedded_settings
+
+    ctx.with_resource(embedded_settings())
 
 
 @app.command()
