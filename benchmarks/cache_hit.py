@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+SPACING_S = 5
 
 
 def main() -> int:
@@ -43,17 +44,26 @@ def main() -> int:
         first = build_bundle(spec, **kwargs)
         full = time.perf_counter() - started
         exports = sorted(p.name for p in (work / "out").iterdir())
-        rebuilds = []
+        # Scheduled rebuilds are minutes apart; these wait SPACING_S so that the ephemeral API has
+        # stored the previous run's events. Back to back, Prefect's SQLite API sometimes answers the
+        # next create_flow_run with 503 (busy) and its client retries after 2 s: reported, not the goal.
+        rebuilds, back_to_back = [], []
         for _ in range(3):  # the median of three: one rebuild is a single noisy second on a busy machine
+            time.sleep(SPACING_S)
             started = time.perf_counter()
             again = build_bundle(spec, **kwargs)
             rebuilds.append(time.perf_counter() - started)
+        for _ in range(3):
+            started = time.perf_counter()
+            build_bundle(spec, **kwargs)
+            back_to_back.append(time.perf_counter() - started)
     rebuild = sorted(rebuilds)[1]
     if again != first or sorted(p.name for p in (work / "out").iterdir()) != exports:
         raise SystemExit("the rebuild was not a cache hit: it returned another bundle or exported again")
     passed = report("cache_hit", rebuild / full, "<=0.05", {
         "full_build_s": round(full, 2), "cached_rebuild_s (median of 3)": round(rebuild, 2),
-        "cached_rebuilds_s": [round(r, 2) for r in rebuilds],
+        "cached_rebuilds_s": [round(r, 2) for r in rebuilds], "spacing_s": SPACING_S,
+        "back_to_back_rebuilds_s (not the goal)": [round(r, 2) for r in back_to_back],
         "prefect_start_s (excluded)": round(prefect_start, 2), "bundle": first.key.prefix,
     })
     return 0 if passed else 1
