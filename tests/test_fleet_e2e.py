@@ -292,3 +292,19 @@ def test_worker_refuses_a_run_for_a_channel_it_lacks(fleet: Fleet) -> None:
     assert "--index-url https://download.pytorch.org/whl/nightly/cu132" in message
     assert run.labels["executorch.cuda_channel"] == "cpu"
     assert not [o.key for o in open_store(fleet.store).list(f"{MODEL}/") if "cu132" in o.key]  # nothing was built
+
+
+def test_a_crashing_build_fails_its_run_and_the_worker_takes_the_next(fleet: Fleet) -> None:
+    spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["definitions"]["small_convnet_spec"]
+    worker = next(proc for proc in fleet.procs if "--pool" in proc.args and "cpu" in proc.args)  # type: ignore[operator]
+    crashing = {**spec, "version": "crashes", "model": f"{ROOT / 'tests' / 'models.py'}:aborts",
+                "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 3]}]}}}
+    failed = _wait_final(fleet, _run(fleet, "build-bundle/cpu", {"spec": crashing, "store": fleet.store}), 240)
+    assert failed.state.is_failed(), _tail(fleet.home / "worker-cpu.log")
+    assert "ExportFailed" in failed.state.message and "SIGABRT" in failed.state.message
+    assert worker.poll() is None, "the worker died with the export child"
+    after = _wait_final(fleet, _run(fleet, "build-bundle/cpu", {"spec": {**spec, "version": "after-crash"},
+                                                                  "store": fleet.store}), 240)
+    assert after.state.is_completed(), f"{after.state.message}\n{_tail(fleet.home / 'worker-cpu.log')}"
+    published = {o.key.split("/")[1] for o in open_store(fleet.store).list(f"{MODEL}/")}
+    assert "after-crash" in published and "crashes" not in published
