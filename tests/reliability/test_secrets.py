@@ -34,24 +34,47 @@ def files_under(*roots: Path) -> Iterator[Path]:
             yield from (path for path in root.rglob("*") if path.is_file())
 
 
+def s3_bucket_block(server: SeaweedS3, bucket: str, secret: str, name: str) -> Any:
+    """A saved prefect-aws ``S3Bucket`` block (with its ``AwsCredentials``) for ``server``, loaded back by name."""
+    from prefect_aws import AwsCredentials, S3Bucket
+
+    credentials = AwsCredentials(aws_access_key_id=server.access_key, aws_secret_access_key=secret,
+                                 region_name=server.region, aws_client_parameters={"endpoint_url": server.endpoint_url})
+    credentials.save(f"{name}-credentials", overwrite=True)
+    S3Bucket(bucket_name=bucket, bucket_folder="reg", credentials=credentials).save(name, overwrite=True)
+    return S3Bucket.load(name)
+
+
+@pytest.mark.parametrize("source", ["env", "block"])
 def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, record_fault: Any, tmp_path: Path,
                                 monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-                                capfd: pytest.CaptureFixture[str]) -> None:
+                                capfd: pytest.CaptureFixture[str], source: str) -> None:
     caplog.set_level("DEBUG")
-    url = f"s3://{s3_env.make_bucket()}/reg"
-    spec = parse_spec(spec_data("convnet", version="1"))
-    ref = build_bundle(spec, store=url, output=str(tmp_path / "out"))
-    promote(spec.name, "1", "prod", url)
-    # The same flows with a wrong secret: they fail, and their errors must not quote it either.
+    bucket = s3_env.make_bucket()
+    url = f"s3://{bucket}/reg"
     wrong = f"wrong-secret-{uuid.uuid4().hex}"
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
+    if source == "env":
+        store: Any = url
+        wrong_store: Any = url
+    else:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+            monkeypatch.delenv(name)  # the blocks alone say where and who
+        store = s3_bucket_block(s3_env, bucket, s3_env.secret_key, "secrets-test")
+        wrong_store = s3_bucket_block(s3_env, bucket, wrong, "secrets-test-wrong")
+    spec = parse_spec(spec_data("convnet", version="1"))
+    ref = build_bundle(spec, store=store, output=str(tmp_path / "out"))
+    promote(spec.name, "1", "prod", store)
+    # The same flows with a wrong secret: they fail, and their errors must not quote it either.
+    if source == "env":
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
     errors: list[BaseException] = []
-    for attempt in (lambda: build_bundle(spec.model_copy(update={"version": "2"}), store=url),
-                    lambda: promote(spec.name, "1", "canary", url)):
+    for attempt in (lambda: build_bundle(spec.model_copy(update={"version": "2"}), store=wrong_store),
+                    lambda: promote(spec.name, "1", "canary", wrong_store)):
         with pytest.raises(PrefectExecutorchError) as info:
             attempt()
         errors.append(info.value)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_env.secret_key)
+    if source == "env":
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_env.secret_key)
 
     seen: dict[str, str] = {"test log": caplog.text, "stdout+stderr": "".join(capfd.readouterr())}
     seen.update({f"exception {i}": f"{exc!s} {exc!r} {exc.__cause__!r} {exc.__context__!r}"
@@ -61,8 +84,8 @@ def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, record
         seen["prefect artifacts"] = "\n".join(f"{a.key} {a.data} {a.description}" for a in client.read_artifacts())
         seen["flow runs"] = "\n".join(f"{run.parameters} {run.state.message if run.state else ''}"
                                       for run in client.read_flow_runs())
-    store = open_store(url)
-    seen.update({f"object {info.key}": store.get_bytes(info.key)[0].decode("latin-1") for info in store.list("")})
+    reader = open_store(url if source == "env" else store)
+    seen.update({f"object {info.key}": reader.get_bytes(info.key)[0].decode("latin-1") for info in reader.list("")})
     database = Path(get_current_settings().server.database.connection_url.get_secret_value().split("///")[-1])
     home = Path(os.environ["PREFECT_HOME"])
     seen.update({f"file {path}": path.read_bytes().decode("latin-1")
@@ -71,8 +94,8 @@ def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, record
     for secret in (s3_env.secret_key, wrong):
         leaks = [where for where, text in seen.items() if secret in text]
         assert leaks == [], f"a secret appears in {leaks}"
-    record_fault("secrets", f"secret searched in {len(seen)} logs, errors, artifacts, runs, objects, files",
-                 injected=2)
+    record_fault("secrets", f"credentials from {source}: secret searched in {len(seen)} logs, errors, artifacts, "
+                 "runs, objects, files", injected=2)
 
 
 def test_anonymous_requests_are_refused(s3_env: SeaweedS3, record_fault: Any) -> None:
