@@ -61,7 +61,7 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeat", type=int, default=1, help="Builds per side (the median is compared).")
+    parser.add_argument("--repeat", type=int, default=3, help="Builds per side (the median is compared).")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-orchestration-"))
     env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

@@ -5,18 +5,16 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 
 from prefect_executorch.errors import ToolchainMismatch
-from prefect_executorch.isolation import warm_up
 from prefect_executorch.placement import Placement, route
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.targets import get_target
-from prefect_executorch.toolchain import Toolchain, probe
+from prefect_executorch.toolchain import Toolchain, probe_isolated
 
 
 @task(name="probe-toolchain")
 def probe_toolchain() -> Toolchain:
-    """What this worker is: versions, CUDA channel, GPUs, OS and arch."""
-    warm_up()  # the export/validation children's imports start now, beside the probe's
-    return probe()
+    """What this worker is: versions, CUDA channel, GPUs, OS and arch (probed in a child process)."""
+    return probe_isolated()
 
 
 @task(name="check-buildable")

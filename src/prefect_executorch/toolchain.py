@@ -134,6 +134,30 @@ def probe() -> Toolchain:
     return Toolchain.model_validate(gather())
 
 
+class ProbeRequest(BaseModel):
+    """The probe needs no input: it looks at the process it runs in."""
+
+
+def probe_in_child(request: dict[str, Any]) -> Toolchain:
+    """The ``probe`` command of an isolated child (``isolation.COMMANDS``)."""
+    return probe()
+
+
+def probe_isolated(timeout_s: float = 300) -> Toolchain:
+    """``probe()`` in a child forked from the export server, which has imported torch already.
+
+    A flow's own process then never imports torch: it neither competes with that server's imports
+    on a small machine nor pays torch's teardown at exit (about 1.5 s together on 2 cores).
+    """
+    import tempfile
+    from pathlib import Path
+
+    from prefect_executorch.isolation import run_isolated
+
+    return run_isolated("probe", ProbeRequest(), Toolchain, timeout_s=timeout_s,
+                        scratch_dir=Path(tempfile.gettempdir()), what="toolchain probe")
+
+
 if __name__ == "__main__":  # on hosts with pydantic; `python -m prefect_executorch.hostprobe` needs only torch
     print(probe().model_dump_json(indent=2))
     sys.exit(0)
