@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from prefect_executorch.artifacts.aliases import alias_history, promote, read_alias
 from prefect_executorch.artifacts.catalog import Listing, ls, resolve
 from prefect_executorch.artifacts.gc import gc
-from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey, Manifest
+from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE, BundleKey, Manifest
 from prefect_executorch.artifacts.registry import (
     BundleRef,
     file_entries,
@@ -347,6 +347,8 @@ def test_create_only_and_compare_and_swap(s3_env: SeaweedS3, tmp_path: Path) -> 
 def test_gc_removes_only_old_orphans(built: Built, any_store: ObjectStore, tmp_path: Path) -> None:
     bundle, manifest = synthetic(tmp_path, built, "50")
     kept = publish(any_store, bundle, manifest)
+    stale_claim = kept.key.key(CLAIM_FILE)  # a publisher died between its manifest and removing its claim
+    any_store.put_bytes(stale_claim, b'{"files_sha256": "0", "builder": "gone"}')
     orphan = BundleKey.of("convnet", "51", "xnnpack", manifest.compat)
     any_store.put_file(orphan.key("model.pte"), bundle / "model.pte")
     unfinished = orphan.key("model.ptd")
@@ -359,13 +361,14 @@ def test_gc_removes_only_old_orphans(built: Built, any_store: ObjectStore, tmp_p
     assert gc(any_store).orphans == []  # younger than the 24 h grace: a publish may still be running
     later = datetime.now(timezone.utc) + timedelta(hours=25)
     dry = gc(any_store, now=later)
-    assert [o.key for o in dry.orphans] == [orphan.key("model.pte")] and not dry.applied
+    assert [o.key for o in dry.orphans] == [stale_claim, orphan.key("model.pte")] and not dry.applied
     assert [u.key for u in dry.uploads] == [unfinished if isinstance(any_store, S3Store) else
                                             f"{orphan.prefix}/.tmp-dead-model.ptd"]
     assert any_store.exists(orphan.key("model.pte"))
     applied = gc(any_store, "convnet", now=later, apply=True)
-    assert applied.applied and len(applied.orphans) == 1
+    assert applied.applied and len(applied.orphans) == 2
     assert not any_store.exists(orphan.key("model.pte")) and any_store.incomplete_uploads("") == []
+    assert not any_store.exists(stale_claim) and any_store.exists(kept.manifest_key)
     assert pull(any_store, kept.key, tmp_path / "kept") == manifest
     assert gc(any_store, now=later).orphans == []
 
