@@ -12,16 +12,12 @@ from typing import Any, Callable, Iterator
 import pytest
 
 from helpers import spec_data
-from realbundle import RealBundle
+from realbundle import SHAPES, RealBundle
 from prefect_executorch.artifacts.registry import prepare_bundle
 from prefect_executorch.exporter import export_program
 from prefect_executorch.spec import parse_spec
 from prefect_executorch.toolchain import probe
 from prefect_executorch.validator import validate_program
-
-#: Input shape of each model factory of tests/models.py that the store tests export.
-SHAPES = {"convnet": [2, 3, 8, 8], "mlp": [2, 32], "wide_24mb": [2, 1774], "wide_200mb": [2, 5120]}
-
 
 @pytest.fixture(scope="session")
 def real_bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], RealBundle]]:

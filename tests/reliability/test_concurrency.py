@@ -10,7 +10,7 @@ import pytest
 from prefect import flow
 
 from helpers import spec_data
-from realbundle import RealBundle
+from realbundle import SHAPES, RealBundle, store_kind
 from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, promote, read_alias
 from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE
 from prefect_executorch.artifacts.registry import BundleRef, publish, pull, read_manifest, verify_bundle_dir
@@ -25,7 +25,6 @@ from prefect_executorch.tasks.publish import publish_bundle
 from prefect_executorch.tasks.validate import validate_export
 
 CONTENDERS = 8
-SHAPES = {"convnet": [2, 3, 8, 8], "two_outputs": [5, 16], "mlp": [2, 32]}
 
 
 def race(contenders: list[Callable[[], Any]]) -> list[Any]:
@@ -76,10 +75,6 @@ def test_concurrent_publishes_of_one_key(real_bundle: Callable[[str], RealBundle
                  injected=CONTENDERS - 1)
 
 
-def store_kind(store: ObjectStore) -> str:
-    return "local" if isinstance(store, LocalStore) else "S3"
-
-
 def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore,
                                                     record_fault: Any, tmp_path: Path) -> None:
     convnet = real_bundle("convnet")
@@ -111,8 +106,8 @@ def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str],
 def build_three_at_once(store: str, output_root: str) -> list[tuple[ExportedProgramDir, BundleRef]]:
     """Export, validate and publish three models concurrently in one flow run, sharing one output root."""
     toolchain = probe_toolchain()
-    specs = [parse_spec(spec_data(factory, methods={"forward": {"inputs": [{"name": "x", "shape": shape}]}}))
-             for factory, shape in SHAPES.items()]
+    specs = [parse_spec(spec_data(factory, methods={"forward": {"inputs": [{"name": "x", "shape": SHAPES[factory]}]}}))
+             for factory in ("convnet", "two_outputs", "mlp")]
     exports = [export_model.submit(spec, Path(output_root)) for spec in specs]
     reports = [validate_export.submit(spec, export, Path(output_root)) for spec, export in zip(specs, exports)]
     refs = [publish_bundle.submit(spec, toolchain, export, report, store)

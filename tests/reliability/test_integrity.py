@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
-from realbundle import RealBundle
+from realbundle import RealBundle, store_kind
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey
 from prefect_executorch.artifacts.registry import BundleRef, publish, pull
 from prefect_executorch.artifacts.signing import SigningSettings, seal
@@ -55,7 +55,7 @@ def test_flipped_bytes_are_refused(published: BundleRef, any_store: ObjectStore,
                 "manifest|does not match the manifest" if target == MANIFEST_FILE else f"{target}: sha256 .* does not match")
     overwrite(any_store, key, original)
     assert pull(any_store, published.key, tmp_path / "good").key == published.key
-    record_fault("integrity", f"flipped bit in {target} ({kind(any_store)})", injected=len(positions))
+    record_fault("integrity", f"flipped bit in {target} ({store_kind(any_store)})", injected=len(positions))
 
 
 @pytest.mark.parametrize("target", ["model.pte", "model.ptd", MANIFEST_FILE])
@@ -66,7 +66,7 @@ def test_truncated_objects_are_refused(published: BundleRef, any_store: ObjectSt
     for n, length in enumerate([0, len(original) // 2, len(original) - 1]):
         overwrite(any_store, key, original[:length])
         refused(any_store, published.key, tmp_path / "out" / f"try-{n}", "manifest|does not match the manifest")
-    record_fault("integrity", f"truncated {target} ({kind(any_store)})", injected=3)
+    record_fault("integrity", f"truncated {target} ({store_kind(any_store)})", injected=3)
 
 
 def test_data_file_of_another_bundle_is_refused(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore,
@@ -76,7 +76,7 @@ def test_data_file_of_another_bundle_is_refused(real_bundle: Callable[[str], Rea
     other = publish(any_store, *real_bundle("mlp").under(convnet).variant(tmp_path / "b", version="31"))
     overwrite(any_store, mine.key.key("model.ptd"), any_store.get_bytes(other.key.key("model.ptd"))[0])
     refused(any_store, mine.key, tmp_path / "out" / "a", "model.ptd: sha256 .* corrupt or was swapped")
-    record_fault("integrity", f".ptd of another bundle ({kind(any_store)})")
+    record_fault("integrity", f".ptd of another bundle ({store_kind(any_store)})")
 
 
 def test_manifest_pointing_outside_its_prefix_is_refused(real_bundle: Callable[[str], RealBundle],
@@ -95,11 +95,7 @@ def test_manifest_pointing_outside_its_prefix_is_refused(real_bundle: Callable[[
     document["files"][0]["path"] = "../../41/xnnpack/" + document["files"][0]["path"]
     overwrite(any_store, first.manifest_key, seal(document))
     refused(any_store, first.key, tmp_path / "out" / "a", "must be a plain file name inside the bundle")
-    record_fault("integrity", f"manifest pointing outside its prefix ({kind(any_store)})", injected=2)
-
-
-def kind(store: ObjectStore) -> str:
-    return "local" if isinstance(store, LocalStore) else "S3"
+    record_fault("integrity", f"manifest pointing outside its prefix ({store_kind(any_store)})", injected=2)
 
 
 def key_pair(directory: Path, name: str) -> SigningSettings:
@@ -132,7 +128,7 @@ def test_signed_manifests(real_bundle: Callable[[str], RealBundle], any_store: O
     forged = json.loads(seal(document))
     overwrite(any_store, signed.manifest_key, json.dumps({**forged, "signature": signature}).encode())
     refused(any_store, signed.key, tmp_path / "out" / "a", "its Ed25519 signature does not verify")
-    record_fault("integrity", f"unsigned / foreign-signed / forged manifest, key configured ({kind(any_store)})",
+    record_fault("integrity", f"unsigned / foreign-signed / forged manifest, key configured ({store_kind(any_store)})",
                  injected=3)
 
 
