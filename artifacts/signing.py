@@ -1,7 +1,9 @@
 """Manifest seals: every manifest carries the sha256 of its canonical JSON; optionally an Ed25519 signature.
 
 The digest turns any corruption of ``manifest.json`` (a flipped byte, a truncated object, an edit)
-into an ``IntegrityError`` on every read, on any store. The signature, made with a private key only
+into an ``IntegrityError`` on every read, on any store. It covers the bytes as stored, not only the
+parsed values: a manifest must be byte for byte the serialization ``seal`` writes, because two
+spellings of one number (``…958`` and ``…959`` past a float's 17th digit, ``e`` and ``E``) parse alike. The signature, made with a private key only
 the publishers hold, additionally proves who wrote it: with a public key configured, pull refuses
 a manifest that it does not verify. Create a key pair with::
 
@@ -96,6 +98,11 @@ def seal(document: dict[str, Any], signer: Any = None) -> bytes:
     if signer is not None:
         sealed[SIGNATURE_FIELD] = {"key_id": key_id(signer.public_key()),
                                    "ed25519": base64.b64encode(signer.sign(body)).decode()}
+    return _stored(sealed)
+
+
+def _stored(sealed: dict[str, Any]) -> bytes:
+    """The one serialization of a sealed document (json keeps key order, and floats print as their shortest repr)."""
     return json.dumps(sealed, indent=2, ensure_ascii=False).encode()
 
 
@@ -107,6 +114,7 @@ def unseal(data: bytes, where: str, verifier: Any = None) -> dict[str, Any]:
         document = json.loads(data)
         if not isinstance(document, dict):
             raise ValueError(f"a JSON {type(document).__name__}, not an object")
+        as_sealed = _stored(document)
         digest = document.pop(DIGEST_FIELD, None)
         signature = document.pop(SIGNATURE_FIELD, None)
         body = canonical(document)
@@ -115,6 +123,9 @@ def unseal(data: bytes, where: str, verifier: Any = None) -> dict[str, Any]:
     if digest != hashlib.sha256(body).hexdigest():
         raise IntegrityError(f"{where}: its content does not match its digest {digest!r}; the manifest is corrupt or "
                              "was edited after it was published: refusing it")
+    if as_sealed != data:
+        raise IntegrityError(f"{where}: its bytes are not the ones that were sealed (same values, other spelling or "
+                             "layout); the manifest is corrupt or was edited after it was published: refusing it")
     if verifier is None:
         return document
     if not isinstance(signature, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable
 
@@ -59,6 +60,26 @@ def test_flipped_bytes_are_refused(published: BundleRef, any_store: ObjectStore,
 
 
 @pytest.mark.parametrize("target", ["model.pte", "model.ptd", MANIFEST_FILE])
+def test_numbers_spelled_another_way_are_refused(published: BundleRef, any_store: ObjectStore, record_fault: Any,
+                                                 tmp_path: Path) -> None:
+    # The same values in other bytes: a trailing zero, an upper-case exponent, a float's digit past its 17th.
+    original, _ = any_store.get_bytes(published.manifest_key)
+    text = original.decode()
+    number = re.search(r"(?<=: )-?\d+\.\d+(?=,?\n)", text)
+    assert number is not None, "the manifest holds no float to respell"
+    value = number.group()
+    respelled = [value + "0", f"{float(value):.17e}".replace("e", "E"), repr(float(value)) + "1" * (20 - len(value))]
+    respelled = [r for r in respelled if float(r) == float(value) and r != value]
+    assert len(respelled) >= 2
+    for n, spelling in enumerate(respelled):
+        edited = text[:number.start()] + spelling + text[number.end():]
+        assert json.loads(edited) == json.loads(text)
+        overwrite(any_store, published.manifest_key, edited.encode())
+        refused(any_store, published.key, tmp_path / "out" / f"try-{n}", "bytes are not the ones that were sealed")
+    overwrite(any_store, published.manifest_key, original)
+    record_fault("integrity", f"respelled float in manifest.json ({store_kind(any_store)})", injected=len(respelled))
+
+
 def test_truncated_objects_are_refused(published: BundleRef, any_store: ObjectStore, record_fault: Any,
                                        tmp_path: Path, target: str) -> None:
     key = published.key.key(target)
@@ -126,7 +147,8 @@ def test_signed_manifests(real_bundle: Callable[[str], RealBundle], any_store: O
     signature = document.pop("signature")
     del document["digest"]
     forged = json.loads(seal(document))
-    overwrite(any_store, signed.manifest_key, json.dumps({**forged, "signature": signature}).encode())
+    overwrite(any_store, signed.manifest_key,
+              json.dumps({**forged, "signature": signature}, indent=2, ensure_ascii=False).encode())
     refused(any_store, signed.key, tmp_path / "out" / "a", "its Ed25519 signature does not verify")
     record_fault("integrity", f"unsigned / foreign-signed / forged manifest, key configured ({store_kind(any_store)})",
                  injected=3)
