@@ -14,6 +14,6 @@ from prefect_executorch.spec import BuildSpec
 def export_model(spec: BuildSpec, output_root: Path) -> ExportedProgramDir:
     """Export ``spec``; a crash or timeout of the child fails this task with its stderr."""
     spec.check_model_reference()
-    result = export_program(spec, output_root, memory_limit_mib=spec.export_memory_limit_mib)
+    result = export_program(spec, output_root)
     get_run_logger().info("exported %s in %.1f s; delegates: %s", result.out_dir, result.seconds, result.delegates())
     return result

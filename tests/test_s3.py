@@ -269,7 +269,7 @@ def test_resolve_picks_what_fits(built: Built, s3_env: SeaweedS3, tmp_path: Path
     other = "aarch64" if arch != "aarch64" else "x86_64"
     for compat, target in [(f"cpu-xnnpack-{arch}", "xnnpack"), (f"cpu-portable-{arch}", "portable"),
                            (f"cpu-xnnpack-{other}", "xnnpack"), ("cu132-sm90-trt11.1-x86_64", "tensorrt"),
-                           ("cu132-sm80plus-trt-any-x86_64", "tensorrt")]:
+                           ("cu132-sm80plus-trt11.1plus-x86_64", "tensorrt")]:
         publish(store, *synthetic(tmp_path, built, "30", compat=compat, target=target))
     publish(store, *synthetic(tmp_path, built, "31", compat="cu132-sm90-trt11.1-x86_64", target="tensorrt"))
 
@@ -283,7 +283,7 @@ def test_resolve_picks_what_fits(built: Built, s3_env: SeaweedS3, tmp_path: Path
     assert chosen.key.compat == "cu132-sm90-trt11.1-x86_64"
     ampere = gpu.model_copy(update={"tensorrt": "11.3.0", "gpus": [gpu.gpus[0].model_copy(update={"sm": "sm86"})]})
     assert resolve(store, "convnet", version="30", target="tensorrt", toolchain=ampere).key.compat == \
-        "cu132-sm80plus-trt-any-x86_64"
+        "cu132-sm80plus-trt11.1plus-x86_64"
     with pytest.raises(ToolchainMismatch, match="sm90, this GPU is sm86"):
         resolve(store, "convnet", version="31", toolchain=ampere)
 

@@ -6,6 +6,7 @@ The wheels come from ``tests/wheels.py`` and are read with ``ast``: importing to
 from __future__ import annotations
 
 import itertools
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,14 @@ from typing import Any
 import pytest
 from packaging.requirements import Requirement
 
-from prefect_executorch.apisource import Sources, WheelRoot, installed_root
+from prefect_executorch.apisource import DirectoryRoot, Sources, WheelRoot, installed_root
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.calls import Call, Ref, check_calls, materialize, walk
 from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.spec import TENSORRT_OWNED_COMPILE_KEYWORDS, BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.tensorrt import RUNTIME_MODULE, build_backend_config, build_steps
+from prefect_executorch.hostprobe import tensorrt_capabilities
 from prefect_executorch.toolchain import GpuInfo, Toolchain, read_torch_tensorrt_api
 
 from helpers import MODELS
@@ -55,13 +57,23 @@ def h200(fixture: str = "hostprobe_h200.json") -> Toolchain:
 
 @pytest.fixture(scope="module")
 def ready(sources: Sources) -> Toolchain:
-    """The H200 with the backend page's stack installed on cu132 (versions as published; API from the wheel)."""
+    """The H200 with the release stack: torch 2.14 cu130, torch-tensorrt 2.14.0 and its [executorch] extra's CPU
+    ExecuTorch 1.4.1, the runtime wheel 0.1.0 (versions as published; API read from the real wheel)."""
+    api = read_torch_tensorrt_api(sources)
     return h200().model_copy(update={
-        "torch": "2.14.0+cu132", "cuda_version": "13.2", "cuda_channel": "cu132",
-        "executorch": "1.4.1+cu132", "executorch_cuda": True,
-        "torch_tensorrt": "2.14.0", "torch_tensorrt_api": read_torch_tensorrt_api(sources),
-        "tensorrt": "11.1.0.3", "tensorrt_executorch_runtime": "0.1.0", "triton": "3.7.0",
-        "nvcc_version": "13.2",
+        "torch": "2.14.0+cu130", "executorch": "1.4.1", "executorch_cuda": False,
+        "torch_tensorrt": "2.14.0", "torch_tensorrt_api": api, "capabilities": tensorrt_capabilities(api.model_dump()),
+        "tensorrt": "11.1.0.3", "tensorrt_executorch_runtime": "0.1.0", "triton": "3.6.0",
+    })
+
+
+@pytest.fixture(scope="module")
+def nightly(ready: Toolchain) -> Toolchain:
+    """The backend page's stack: the 2026-10-06 nightlies of torch and torch-tensorrt on cu132, CUDA ExecuTorch."""
+    return ready.model_copy(update={
+        "torch": "2.15.0.dev20261006+cu132", "cuda_version": "13.2", "cuda_channel": "cu132",
+        "torch_tensorrt": "2.15.0.dev20261006+cu132", "executorch": "1.6.0.dev20260925+cu132", "executorch_cuda": True,
+        "tensorrt_executorch_runtime": "0.1.0.dev20261006", "nvcc_version": "13.2", "triton": "unknown",
     })
 
 
@@ -83,6 +95,9 @@ TWO_METHODS = {
     "forward": {"inputs": [{"name": "x", "shape": [4, 32], "dynamic": {0: {"min": 1, "max": 16, "name": "batch"}}}]},
     "encode": {"inputs": [{"name": "x", "shape": [2, 32]}]},
 }
+#: save() names its one method "forward": every other method set takes the mapping path.
+METHOD_SETS = {"forward": {"forward": TWO_METHODS["forward"]}, "encode": {"encode": TWO_METHODS["encode"]},
+               "both": TWO_METHODS}
 DEVICE_IO = [None, True, {"inputs": True, "outputs": False}, {"inputs": False, "outputs": True, "planned_outputs": False}]
 
 
@@ -90,20 +105,42 @@ DEVICE_IO = [None, True, {"inputs": True, "outputs": False}, {"inputs": False, "
 
 
 def test_every_call_of_every_option_combination_fits_the_real_sources(sources: Sources) -> None:
+    assert_calls_fit(sources)
+
+
+def assert_calls_fit(sources: Sources) -> None:
+    """Every call of every option combination fits ``sources``; only CUDA graph replay may be missing."""
     combos = itertools.product(["fp32", "fp16", "bf16"], [False, True], DEVICE_IO, [False, True], [False, True],
-                               [False, True], [False, True])
+                               METHOD_SETS)
     checked = 0
-    for precision, coalesce, io, graphs, hardware, several, dynamic in combos:
-        methods = TWO_METHODS if several else {"forward": TWO_METHODS["forward" if dynamic else "encode"]}
-        spec = trt_spec(methods=methods, precision=precision, coalesce_cuda=coalesce, device_resident_io=io,
-                        cuda_graphs=graphs, hardware_compatible=hardware, version_compatible=hardware,
-                        compile_options={"optimization_level": 3})
+    graphs_save, graphs_export = (
+        "use_cuda_graphs" in sources.params(sources.resolve(name)).keywords
+        for name in ("torch_tensorrt.save", "torch_tensorrt.executorch.export"))
+    for precision, coalesce, io, graphs, hardware, method_set in combos:
+        spec = trt_spec(methods=METHOD_SETS[method_set], precision=precision, coalesce_cuda=coalesce,
+                        device_resident_io=io, cuda_graphs=graphs, hardware_compatible=hardware,
+                        version_compatible=hardware, compile_options={"optimization_level": 3})
         problems = check_calls(build_steps(spec), sources)
-        # 2.14.0 has no CUDA graph replay at export; everything else must fit exactly.
-        callee = "torch_tensorrt.executorch.export" if several else "torch_tensorrt.save"
-        assert problems == ([f"{callee} does not accept the keyword 'use_cuda_graphs'"] if graphs else []), spec.target
+        callee, has = (("torch_tensorrt.save", graphs_save) if method_set == "forward"
+                       else ("torch_tensorrt.executorch.export", graphs_export))
+        missing = graphs and not has
+        assert problems == ([f"{callee} does not accept the keyword 'use_cuda_graphs'"] if missing else []), spec.target
         checked += 1
-    assert checked == 3 * 2 * 4 * 2 ** 4
+    assert checked == 3 * 2 * 4 * 2 * 2 * 3
+
+
+#: A checkout of Torch-TensorRT's main branch (its ``py`` folder), e.g. from ``git archive``; not on PyPI.
+NIGHTLY_SOURCE = os.environ.get("PREFECT_EXECUTORCH_TORCH_TENSORRT_SOURCE")
+
+
+@pytest.mark.skipif(not NIGHTLY_SOURCE, reason="set PREFECT_EXECUTORCH_TORCH_TENSORRT_SOURCE to a Torch-TensorRT "
+                    "main checkout's py/ folder: its nightly sources are on no package index this suite can reach")
+def test_every_call_fits_the_nightly_sources_too() -> None:
+    executorch = installed_root("executorch")
+    assert NIGHTLY_SOURCE is not None and executorch is not None
+    nightly_root = DirectoryRoot(Path(NIGHTLY_SOURCE))
+    assert nightly_root.read("torch_tensorrt/_compile.py") is not None, f"no torch_tensorrt/ under {NIGHTLY_SOURCE}"
+    assert_calls_fit(Sources({"torch_tensorrt": nightly_root, "executorch": executorch}))
 
 
 def test_a_renamed_keyword_or_class_upstream_fails_the_check(sources: Sources) -> None:
@@ -228,12 +265,25 @@ def test_two_methods_go_through_executorch_export_with_a_partitioner_per_method(
     assert [s.result for s in steps] == ["compiled.forward", "compiled.encode", "program.forward", "program.encode",
                                          "edge", "executorch_program"]
     export = steps[2].call
-    assert export.callee == "torch_tensorrt.dynamo.export" and export.kwargs["use_legacy_exporter"] is False
+    # The legacy exporter, as save(retrace=False) uses: a re-trace drops the engines.
+    assert export.callee == "torch_tensorrt.dynamo.export" and export.kwargs["use_legacy_exporter"] is True
     edge = steps[4].call
     assert edge.callee == "torch_tensorrt.executorch.export" and set(edge.args[0]) == {"forward", "encode"}
     for method, (partitioner,) in edge.kwargs["partitioners"].items():
         assert partitioner.args[0][0].args == (method,)
     assert steps[5].call.kwargs["config"].callee == "executorch.exir.ExecutorchBackendConfig"
+
+
+def test_a_single_method_not_named_forward_takes_the_mapping_path() -> None:
+    # save() would name it "forward" (and reject a CudaPartitioner whose specs name "encode").
+    steps = build_steps(trt_spec(methods={"encode": TWO_METHODS["encode"]}, coalesce_cuda=True))
+    assert [s.call.callee for s in steps] == ["torch_tensorrt.dynamo.compile", "torch_tensorrt.dynamo.export",
+                                              "torch_tensorrt.executorch.export",
+                                              "executorch.exir.EdgeProgramManager.to_executorch"]
+    assert set(steps[2].call.args[0]) == {"encode"}
+    ((partitioner,),) = steps[2].call.kwargs["partitioners"].values()
+    assert partitioner.args[0][0].args == ("encode",)
+    assert [s.call.callee for s in build_steps(trt_spec())][-1] == "torch_tensorrt.save"
 
 
 def test_device_resident_config_is_accepted_by_real_executorch() -> None:
@@ -293,9 +343,10 @@ def test_the_real_h200_probe_is_refused_for_what_it_lacks(fixture: str) -> None:
     assert "torch-tensorrt is not installed" in message
     assert "executorch is not installed" in message
     assert "torch-tensorrt-executorch-runtime is not installed" in message
-    # Its torch is cu130: the install line keeps that channel.
-    assert "--index-url https://download.pytorch.org/whl/nightly/cu130" in message
-    assert "--pre" in message and "https://pypi.nvidia.com" in message and "https://pypi.org/simple" in message
+    # Its torch is a cu130 release: the hint is the release stack's line on that channel, not the nightly one.
+    assert '"torch-tensorrt[executorch]>=2.14,<2.15"' in message
+    assert "--extra-index-url https://download.pytorch.org/whl/cu130" in message and "https://pypi.nvidia.com" in message
+    assert "nightly" not in message and "--pre" not in message
 
 
 def test_torch_tensorrt_2_14_on_the_h200s_torch_2_11_is_refused(ready: Toolchain) -> None:
@@ -304,18 +355,36 @@ def test_torch_tensorrt_2_14_on_the_h200s_torch_2_11_is_refused(ready: Toolchain
         "executorch": "1.4.1+cu130", "executorch_cuda": True, "tensorrt_executorch_runtime": "0.1.0"})
     message = refusal(trt_spec(), toolchain)
     assert "torch-tensorrt 2.14.0 needs torch 2.14 (torch>=2.14,<2.15), found torch 2.11.0+cu130" in message
-    # The PyPI wheel is built for CUDA 13.2; the H200's torch is the cu130 build.
-    assert "torch-tensorrt 2.14.0 is built for cu132 but torch 2.11.0+cu130 is cu130" in message
+    # The PyPI wheel (no +cu label) is built with CUDA 13.2 and runs on any CUDA 13: no channel conflict.
+    assert "is built for" not in message
 
 
-def test_the_page_stack_passes_and_gets_its_compat_keys(ready: Toolchain) -> None:
-    assert TARGET.check(trt_spec(coalesce_cuda=True, device_resident_io=True), ready) == []
-    assert TARGET.compat(trt_spec(), ready) == "cu132-sm90-trt11.1-x86_64"
-    assert TARGET.compat(trt_spec(hardware_compatible=True), ready) == "cu132-sm80plus-trt11.1-x86_64"
-    assert TARGET.compat(trt_spec(version_compatible=True), ready) == "cu132-sm90-trt-any-x86_64"
+INPUTS_ONLY = {"inputs": True, "outputs": False}
+
+
+def test_the_release_stack_passes_and_gets_its_compat_keys(ready: Toolchain) -> None:
+    assert TARGET.check(trt_spec(coalesce_cuda=True, device_resident_io=INPUTS_ONLY), ready) == []
+    assert TARGET.compat(trt_spec(), ready) == "cu130-sm90-trt11.1-x86_64"
+    assert TARGET.compat(trt_spec(hardware_compatible=True), ready) == "cu130-sm80plus-trt11.1-x86_64"
+    assert TARGET.compat(trt_spec(version_compatible=True), ready) == "cu130-sm90-trt11.1plus-x86_64"
     key = BundleKey(name="m", version="1", target="tensorrt",
                     compat=TARGET.compat(trt_spec(hardware_compatible=True, version_compatible=True), ready))
-    assert key.prefix == "m/1/tensorrt/cu132-sm80plus-trt-any-x86_64"
+    assert key.prefix == "m/1/tensorrt/cu130-sm80plus-trt11.1plus-x86_64"
+    assert TARGET.runtime_hints(trt_spec(), ready)["stack"] == "release"
+
+
+def test_the_nightly_stack_passes_and_says_so(nightly: Toolchain) -> None:
+    assert TARGET.check(trt_spec(coalesce_cuda=True, device_resident_io=INPUTS_ONLY), nightly) == []
+    assert TARGET.compat(trt_spec(), nightly) == "cu132-sm90-trt11.1-x86_64"
+    assert TARGET.runtime_hints(trt_spec(), nightly)["stack"] == "nightly"
+    message = refusal(trt_spec(), nightly.model_copy(update={"tensorrt_executorch_runtime": None}))
+    assert ("pip install --pre torch-tensorrt-executorch-runtime --index-url "
+            "https://download.pytorch.org/whl/nightly/cu132") in message
+
+
+def test_a_compat_key_needs_a_tensorrt_version(ready: Toolchain) -> None:
+    with pytest.raises(ToolchainMismatch, match="compat key of a TensorRT bundle cannot be built.*tensorrt=None"):
+        TARGET.compat(trt_spec(), ready.model_copy(update={"tensorrt": None}))
 
 
 @pytest.mark.parametrize("update, words", [
@@ -324,18 +393,26 @@ def test_the_page_stack_passes_and_gets_its_compat_keys(ready: Toolchain) -> Non
     ({"torch": "2.14.0+cu128", "cuda_version": "12.8", "cuda_channel": "cu128"}, "CUDA 12 is not supported"),
     ({"os": "Darwin", "arch": "arm64"}, "Linux x86_64 or aarch64; this worker is Darwin arm64"),
     ({"os": "Linux", "arch": "ppc64le"}, "this worker is Linux ppc64le"),
-    ({"executorch": "1.4.1", "executorch_cuda": False}, "executorch 1.4.1 is a CPU build"),
-    ({"executorch": "1.4.1+cu130"}, "executorch 1.4.1+cu130 is built for cu130 but torch is cu132"),
-    ({"torch": "2.14.0+cu130", "cuda_channel": "cu130", "executorch": "1.4.1+cu130"},
-     "torch-tensorrt 2.14.0 is built for cu132 but torch 2.14.0+cu130 is cu130"),
+    ({"tensorrt_executorch_runtime": None}, "executorch 1.4.1 is a CPU build and torch-tensorrt-executorch-runtime "
+     "is not installed"),
+    ({"executorch": "1.4.1+cu132", "executorch_cuda": True},
+     "executorch 1.4.1+cu132 is built for cu132 but torch is cu130"),
+    ({"torch_tensorrt": "2.14.0+cu132"}, "torch-tensorrt 2.14.0+cu132 is built for cu132 but torch is cu130"),
     ({"torch_tensorrt": "2.13.0+cu132", "torch": "2.13.0+cu132"}, "older than 2.14: it silently drops backend_config"),
     ({"tensorrt": None}, "TensorRT is not installed"),
     ({"tensorrt": "10.13.3.9"}, "TensorRT 10.13.3.9 does not match the 11.1.0"),
-    ({"tensorrt_executorch_runtime": None}, "pip install --pre torch-tensorrt-executorch-runtime --index-url "
-     "https://download.pytorch.org/whl/nightly/cu132"),
+    ({"tensorrt_executorch_runtime": None}, "pip install torch-tensorrt-executorch-runtime --extra-index-url "
+     "https://download.pytorch.org/whl/cu130"),
 ])
 def test_toolchain_refusals(ready: Toolchain, update: dict[str, Any], words: str) -> None:
     assert words in refusal(trt_spec(), ready.model_copy(update=update))
+
+
+def test_a_cuda_12_torch_tensorrt_on_cuda_13_torch_is_refused_by_major(ready: Toolchain) -> None:
+    api = ready.torch_tensorrt_api
+    assert api is not None
+    cuda12 = ready.model_copy(update={"torch_tensorrt_api": api.model_copy(update={"cuda_version": "12.8"})})
+    assert "torch-tensorrt 2.14.0 is built for CUDA 12 (cu128) but torch is CUDA 13 (cu130)" in refusal(trt_spec(), cuda12)
 
 
 @pytest.mark.parametrize("target, update, words", [
@@ -346,7 +423,12 @@ def test_toolchain_refusals(ready: Toolchain, update: dict[str, Any], words: str
     ({"coalesce_cuda": True}, {"triton": None}, "imports triton"),
     ({"hardware_compatible": True}, {"gpus": [GpuInfo(index=0, name="Tesla T4", sm="sm75", total_memory_mib=15095)]},
      "need an Ampere (sm80) or newer GPU; this one is sm75"),
-    ({"device_resident_io": {"planned_outputs": False}}, {}, "needs ExecuTorch 1.6.0.dev20261008 or newer"),
+    ({"device_resident_io": {"planned_outputs": False}}, {}, "Device-resident outputs need ExecuTorch 1.6.0.dev20261008"),
+    ({"device_resident_io": True}, {}, "Python cannot receive device-resident outputs on ExecuTorch 1.4.1"),
+    ({"device_resident_io": True}, {}, "`device_resident_io: {inputs: true, outputs: false}`"),
+    # The page's own nightly pins ExecuTorch 1.6.0.dev20260925: still too old for device-resident outputs.
+    ({"device_resident_io": {"inputs": False, "outputs": True}}, {"executorch": "1.6.0.dev20260925+cu130"},
+     "Python cannot receive device-resident outputs on ExecuTorch 1.6.0.dev20260925+cu130"),
 ])
 def test_option_refusals(ready: Toolchain, target: dict[str, Any], update: dict[str, Any], words: str) -> None:
     assert words in refusal(trt_spec(**target), ready.model_copy(update=update))
@@ -360,10 +442,12 @@ def test_cuda_graphs_for_two_methods_names_executorch_export(ready: Toolchain) -
 def test_newer_builds_unlock_unplanned_outputs_and_cuda_graphs_with_warnings(ready: Toolchain) -> None:
     api = ready.torch_tensorrt_api
     assert api is not None
+    newer_api = api.model_copy(update={"save_keywords": [*api.save_keywords, "use_cuda_graphs"]})
     newer = ready.model_copy(update={
-        "executorch": "1.6.0.dev20261010+cu132", "torch_tensorrt": "2.15.0.dev20261012+cu132",
-        "torch": "2.15.0.dev20261012+cu132",
-        "torch_tensorrt_api": api.model_copy(update={"save_keywords": [*api.save_keywords, "use_cuda_graphs"]})})
+        "executorch": "1.6.0.dev20261010+cu132", "executorch_cuda": True, "torch_tensorrt": "2.15.0.dev20261012+cu132",
+        "torch": "2.15.0.dev20261012+cu132", "cuda_channel": "cu132", "torch_tensorrt_api": newer_api,
+        "capabilities": tensorrt_capabilities(newer_api.model_dump())})
+    assert newer.capabilities == {"cuda_graphs": True, "cuda_graphs_several_methods": False, "shared_engines": True}
     spec = trt_spec(methods={"forward": TWO_METHODS["forward"]}, cuda_graphs=True, shared_scratch=True,
                     device_resident_io={"planned_outputs": False})
     warnings = TARGET.check(spec, newer)

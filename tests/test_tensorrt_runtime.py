@@ -107,7 +107,8 @@ def test_the_real_runtime_wheel_is_activated_and_its_failure_explained(tmp_path:
     out = _setup_with_real_runtime_wheel(tmp_path, stock_runtime_first=False)
     assert out.startswith("REFUSED torch-tensorrt-executorch-runtime is installed but cannot register TensorRTBackend")
     assert "DelegateCompatibilityError: Could not load the prebuilt Torch-TensorRT ExecuTorch runtime" in out
-    assert "--index-url https://download.pytorch.org/whl/nightly/cu132" in out
+    # This torch is a CPU release: the fix is the release stack's install line, on its default channel.
+    assert "torch-tensorrt-executorch-runtime>=0.1.0,<0.2" in out and "https://download.pytorch.org/whl/cu130" in out
 
 
 def test_the_real_runtime_wheel_refuses_when_executorchs_runtime_came_first(tmp_path: Path) -> None:

@@ -307,7 +307,11 @@ class Sources:
     def _read_params(self, definition: Definition) -> Params:
         node = definition.node
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return _function_params(node, bound=definition.kind in ("method", "classmethod", "property"))
+            params = _function_params(node, bound=definition.kind in ("method", "classmethod", "property"))
+            if node.args.kwarg is not None:
+                self._params[id(node)] = params  # a helper that forwards back here must not recurse
+                params.keywords |= self._forwarded_keywords(definition, node, node.args.kwarg.arg)
+            return params
         if isinstance(node, ast.ClassDef):
             init = self._member(definition, "__init__")
             if init is not None and isinstance(init.node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -321,6 +325,23 @@ class Sources:
                 return Params(positional=fields, keywords=set(fields))
             return Params()
         raise ApiNotFound(f"{definition.name} is a {definition.kind}, not something that can be called")
+
+    def _forwarded_keywords(self, definition: Definition, function: ast.FunctionDef | ast.AsyncFunctionDef,
+                            var: str) -> set[str]:
+        """Keywords read by the module's functions that ``function`` hands its ``**var`` to (``helper(**var)``).
+
+        A newer ``save`` may consume an option in a helper rather than in its own body; that option is
+        accepted all the same.
+        """
+        names: set[str] = set()
+        for node in ast.walk(function):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
+            forwards = any(k.arg is None and isinstance(k.value, ast.Name) and k.value.id == var for k in node.keywords)
+            helper = self._lookup(definition.module, node.func.id) if forwards else None
+            if helper is not None and helper.kind == "function":
+                names |= self.params(helper).keywords
+        return names
 
     def constant(self, dotted: str) -> Any:
         """The literal value assigned to a module-level name (``pkg._version.__version__``)."""

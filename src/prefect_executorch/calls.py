@@ -9,11 +9,12 @@ with the library's real source (so an upstream rename fails before any work), an
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from prefect_executorch.apisource import ApiNotFound, Kind, Sources
+from prefect_executorch.apisource import ApiNotFound, Definition, Kind, Params, Sources
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,71 @@ def run_steps(steps: list[Step], slots: dict[str, Any]) -> dict[str, Any]:
     return slots
 
 
-def check_call(call: Call, sources: Sources) -> list[str]:
+class Api(Protocol):
+    """What ``check_call`` asks of a library: what a dotted name is, and what it accepts."""
+
+    def resolve(self, dotted: str) -> Definition: ...
+
+    def params(self, definition: Definition) -> Params: ...
+
+
+class LiveSources:
+    """The installed library as Python sees it (``inspect.signature``), for a worker where it imports.
+
+    A ``**kwargs`` parameter says nothing about which keywords are used, so for those the keywords
+    its source reads (``source``, an ``apisource.Sources``) are added.
+    """
+
+    def __init__(self, source: Sources) -> None:
+        self.source = source
+        self._objects: dict[str, Any] = {}
+
+    def resolve(self, dotted: str) -> Definition:
+        try:
+            obj = import_object(dotted)
+        except (ImportError, AttributeError) as exc:
+            raise ApiNotFound(f"{dotted}: cannot be imported here ({type(exc).__name__}: {exc})") from None
+        self._objects[dotted] = obj
+        return Definition(name=dotted, kind=self._kind(dotted, obj), module=getattr(obj, "__module__", "") or "")
+
+    @staticmethod
+    def _kind(dotted: str, obj: Any) -> Kind:
+        if inspect.ismodule(obj):
+            return "module"
+        if inspect.isclass(obj):
+            return "class"
+        owner_path, _, attr = dotted.rpartition(".")
+        owner = import_object(owner_path) if owner_path else None
+        if not inspect.isclass(owner):
+            return "function"
+        static = inspect.getattr_static(owner, attr)
+        for kind, wrapper in (("classmethod", classmethod), ("staticmethod", staticmethod), ("property", property)):
+            if isinstance(static, wrapper):
+                return kind  # type: ignore[return-value]
+        return "method"
+
+    def params(self, definition: Definition) -> Params:
+        signature = inspect.signature(self._objects[definition.name])
+        parameters = list(signature.parameters.values())
+        if definition.kind == "method" and parameters:
+            parameters = parameters[1:]  # self: a signature read through the class still has it
+        positional_kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = Params(
+            positional=[p.name for p in parameters if p.kind in positional_kinds],
+            keywords={p.name for p in parameters
+                      if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)},
+            var_positional=any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters),
+            var_keyword=any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters),
+        )
+        if params.var_keyword:
+            try:
+                params.keywords |= self.source.params(self.source.resolve(definition.name)).keywords
+            except ApiNotFound:
+                pass  # no source to read: only the named parameters are known to be used
+        return params
+
+
+def check_call(call: Call, sources: Api) -> list[str]:
     """What in ``call`` (not its nested calls) the library's source does not accept."""
     try:
         definition = sources.resolve(call.callee)
@@ -131,7 +196,7 @@ def check_call(call: Call, sources: Sources) -> list[str]:
     return problems
 
 
-def check_calls(values: Any, sources: Sources) -> list[str]:
+def check_calls(values: Any, sources: Api) -> list[str]:
     """Every problem of every call in ``values`` against ``sources`` (empty when all fit)."""
     problems: list[str] = []
     for call in walk(values):

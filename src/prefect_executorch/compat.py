@@ -3,9 +3,10 @@
 Two shapes exist:
 
 - CPU: ``cpu-<backend>-<arch>``, e.g. ``cpu-xnnpack-x86_64``: runs on any host of that arch.
-- GPU: ``<cuda channel>-<sm>[-trt<version>|-trt-any]-<arch>``, e.g. ``cu132-sm90-trt11.1-x86_64``
-  (an engine built for exactly SM 9.0 and TensorRT 11.1) or ``cu132-sm80plus-trt-any-aarch64``
-  (a hardware-compatible engine for Ampere and newer, version-compatible across TensorRT).
+- GPU: ``<cuda channel>-<sm>[plus]-trt<major.minor>[plus]-<arch>``, e.g. ``cu132-sm90-trt11.1-x86_64``
+  (an engine built for exactly SM 9.0 and TensorRT 11.1) or ``cu132-sm80plus-trt11.1plus-aarch64``
+  (a hardware-compatible engine for Ampere and newer, version-compatible: TensorRT 11.1 or a newer
+  11.x, never an older one nor another major).
 
 ``fit`` answers for one key and one ``Toolchain``; a target that emits GPU keys builds them with
 ``gpu_compat`` so the two sides cannot drift apart.
@@ -16,7 +17,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import SpecError
 from prefect_executorch.toolchain import Toolchain
@@ -24,7 +26,7 @@ from prefect_executorch.toolchain import Toolchain
 _CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)$")
 _GPU_RE = re.compile(
     r"^(?P<channel>cu\d{3})-sm(?P<sm>\d{2,3})(?P<plus>plus)?"
-    r"(?:-trt(?:(?P<trt>\d+(?:\.\d+)*)|(?P<any>-any)))?-(?P<arch>[a-z0-9_]+)$"
+    r"-trt(?P<trt>\d+\.\d+)(?P<trt_plus>plus)?-(?P<arch>[a-z0-9_]+)$"
 )
 
 
@@ -38,8 +40,8 @@ class Compat(BaseModel):
     cuda_channel: str | None = None
     sm: int | None = None
     sm_or_newer: bool = False
-    tensorrt: str | None = None
-    tensorrt_any: bool = False
+    tensorrt: str | None = Field(None, description="TensorRT major.minor the engines were built with.")
+    tensorrt_or_newer: bool = Field(False, description="Version-compatible engines: this TensorRT or a newer one of its major.")
 
 
 class Fit(BaseModel):
@@ -57,11 +59,11 @@ def parse_compat(key: str) -> Compat:
     if match := _GPU_RE.match(key):
         return Compat(
             key=key, kind="gpu", arch=match["arch"], cuda_channel=match["channel"], sm=int(match["sm"]),
-            sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_any=bool(match["any"]),
+            sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_or_newer=bool(match["trt_plus"]),
         )
     raise SpecError(
         f"compat: {key!r} is not a compat key; expected 'cpu-<backend>-<arch>' (cpu-xnnpack-x86_64) or "
-        "'<cuXYZ>-sm<NN>[plus][-trt<version>|-trt-any]-<arch>' (cu132-sm90-trt11.1-x86_64)"
+        "'<cuXYZ>-sm<NN>[plus]-trt<major.minor>[plus]-<arch>' (cu132-sm90-trt11.1-x86_64)"
     )
 
 
@@ -70,21 +72,25 @@ def cpu_compat(backend: str, arch: str) -> str:
     return parse_compat(f"cpu-{backend}-{arch}").key
 
 
-def gpu_compat(cuda_channel: str, sm: int, arch: str, *, sm_or_newer: bool = False,
-               tensorrt: str | None = None, tensorrt_any: bool = False) -> str:
-    """Build a GPU compat key; ``tensorrt`` is cut to major.minor, the part engines depend on."""
-    key = f"{cuda_channel}-sm{sm}{'plus' if sm_or_newer else ''}"
-    if tensorrt_any:
-        key += "-trt-any"
-    elif tensorrt:
-        key += f"-trt{_major_minor(tensorrt)}"
-    key = f"{key}-{arch}"
-    parse_compat(key)  # the builder and the matcher agree on the shape
-    return key
+def gpu_compat(cuda_channel: str | None, sm: str | None, arch: str, tensorrt: str | None, *, sm_or_newer: bool = False,
+               tensorrt_or_newer: bool = False) -> str:
+    """Build a GPU compat key from probe values (``sm90``, ``11.1.0.3``); ``SpecError`` if one is unusable."""
+    number = _sm_number(sm)
+    release = Version(tensorrt).release if tensorrt and _is_version(tensorrt) else ()
+    if not cuda_channel or number is None or not 10 <= number <= 999 or len(release) < 2:
+        raise SpecError(f"compat: cannot build a GPU key from channel={cuda_channel!r}, sm={sm!r}, tensorrt={tensorrt!r}; "
+                        "expected a channel like 'cu132', an SM like 'sm90' and a TensorRT version like '11.1.0'")
+    key = (f"{cuda_channel}-sm{number}{'plus' if sm_or_newer else ''}-trt{release[0]}.{release[1]}"
+           f"{'plus' if tensorrt_or_newer else ''}-{arch}")
+    return parse_compat(key).key  # the builder and the matcher agree on the shape
 
 
-def _major_minor(version: str) -> str:
-    return ".".join(version.split("+")[0].split(".")[:2])
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def _sm_number(sm: str | None) -> int | None:
@@ -111,13 +117,17 @@ def fit(key: str, toolchain: Toolchain) -> Fit:
     if not compat.sm_or_newer and machine_sm != compat.sm:
         return Fit(ok=False, reason=f"engine built for sm{compat.sm}, this GPU is sm{machine_sm}")
     rank = 10 if compat.sm_or_newer else 20
-    if compat.tensorrt is not None:
-        if toolchain.tensorrt is None or _major_minor(toolchain.tensorrt) != compat.tensorrt:
-            found = toolchain.tensorrt or "none"
-            return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt}, this machine has {found}")
-        rank += 2
-    elif compat.tensorrt_any:
-        if toolchain.tensorrt is None:
-            return Fit(ok=False, reason="needs TensorRT (any version), this machine has none")
-        rank += 1
-    return Fit(ok=True, rank=rank)
+    assert compat.tensorrt is not None
+    built = Version(compat.tensorrt).release
+    found = Version(toolchain.tensorrt).release[:2] if toolchain.tensorrt and _is_version(toolchain.tensorrt) else None
+    if found is None:
+        return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt}, this machine has none")
+    if compat.tensorrt_or_newer:
+        # Version-compatible engines load on the same or a later TensorRT of one major, never on an older one.
+        if found[0] != built[0] or found < built:
+            return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt} or a newer {built[0]}.x, this "
+                                        f"machine has {toolchain.tensorrt}")
+        return Fit(ok=True, rank=rank + 1)
+    if found != built:
+        return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt}, this machine has {toolchain.tensorrt}")
+    return Fit(ok=True, rank=rank + 2)

@@ -57,3 +57,25 @@ def delegation_facts(edge: Any) -> dict[str, DelegationFacts]:
             delegated_ops=delegated, total_ops=delegated + sum(outside.values()), undelegated=dict(outside)
         )
     return facts
+
+
+def _program_operator(name: str) -> bool:
+    """A tensor operator of the model (not ExecuTorch's own symint arithmetic, views or device copies)."""
+    namespace, _, op = name.partition("::")
+    return namespace == "aten" and not op.startswith("sym_")
+
+
+def facts_from_program(programs: dict[str, Any], methods: dict[str, Any]) -> dict[str, DelegationFacts]:
+    """Delegation of a program whose delegates hide their graphs (TensorRT engines): read from the .pte.
+
+    ``programs`` are the exported methods before lowering (their tensor operators are the total);
+    ``methods`` are ``program.read_program`` facts: the operators ExecuTorch's own kernels run are the
+    ones left outside, and everything else went into a delegate.
+    """
+    facts = {}
+    for name, program in programs.items():
+        total = sum(map(_is_tensor_op, program.graph_module.graph.nodes))
+        outside = Counter(op for op in methods[name].operators if _program_operator(op))
+        left = min(sum(outside.values()), total)
+        facts[name] = DelegationFacts(delegated_ops=total - left, total_ops=total, undelegated=dict(outside))
+    return facts

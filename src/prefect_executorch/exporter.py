@@ -100,8 +100,11 @@ def fresh_export_dir(spec: BuildSpec, output_root: Path) -> Path:
     return path
 
 
-def export_program(spec: BuildSpec, output_root: Path, memory_limit_mib: int | None = None) -> ExportedProgramDir:
-    """Export ``spec`` into a fresh directory under ``output_root``; on failure nothing is left behind."""
+def export_program(spec: BuildSpec, output_root: Path) -> ExportedProgramDir:
+    """Export ``spec`` into a fresh directory under ``output_root``; on failure nothing is left behind.
+
+    The child is bounded as the target says (``export_memory_limit_mib``, else the target's default).
+    """
     out_dir = fresh_export_dir(spec, output_root)
     try:
         return run_isolated(
@@ -110,7 +113,7 @@ def export_program(spec: BuildSpec, output_root: Path, memory_limit_mib: int | N
             ExportedProgramDir,
             timeout_s=spec.export_timeout_s,
             scratch_dir=output_root,
-            memory_limit_mib=memory_limit_mib,
+            memory_limit=get_target(spec.target_name).memory_limit("export", spec.export_memory_limit_mib),
             what=f"export of {spec.name} {spec.version} for {spec.target_name}",
         )
     except ChildProcessFailed as exc:

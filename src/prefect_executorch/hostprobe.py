@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import getpass
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -88,6 +89,49 @@ def executorch_has_cuda(version: str | None) -> bool | None:
     return any("cuda" in f.name.lower() and ".so" in f.name for f in files)
 
 
+def driver_version() -> str | None:
+    """The NVIDIA kernel driver's version (``580.95.05``), from /proc without running anything, else nvidia-smi."""
+    try:
+        match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)",
+                          Path("/proc/driver/nvidia/version").read_text())
+        if match:
+            return match.group(1)
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out[0].strip() if out else None
+
+
+def triton_version() -> str | None:
+    """triton's version if its module is importable: stable torch brings ``triton``, nightlies ``pytorch-triton``."""
+    try:
+        if importlib.util.find_spec("triton") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    return dist_version("triton") or dist_version("pytorch-triton") or "unknown"
+
+
+def tensorrt_capabilities(api: dict[str, Any] | None) -> dict[str, bool]:
+    """Delegate features this torch-tensorrt build offers, as data for checks and manifests."""
+    save = set(api["save_keywords"]) if api else set()
+    export = set(api["export_keywords"]) if api else set()
+    return {
+        "cuda_graphs": "use_cuda_graphs" in save,
+        "cuda_graphs_several_methods": "use_cuda_graphs" in export,
+        # Shared engines have no keyword to read; the backend page ships them in the same builds as
+        # use_cuda_graphs (newer than the 2026-10-06 nightly), so that is the evidence we have.
+        "shared_engines": "use_cuda_graphs" in save,
+    }
+
+
 def torch_tensorrt_api_facts(sources: Any) -> dict[str, Any]:
     """What torch-tensorrt accepts, from ``sources`` (an ``apisource.Sources``): versions and keywords."""
     from prefect_executorch.apisource import ApiNotFound
@@ -154,8 +198,10 @@ def gather() -> dict[str, Any]:
         "nvcc": nvcc,
         "nvcc_version": _nvcc_version(nvcc) if nvcc else None,
         "torch_tensorrt_api": api,
+        "capabilities": tensorrt_capabilities(api),
         "executorch_cuda": executorch_has_cuda(executorch),
-        "triton": dist_version("triton"),
+        "triton": triton_version(),
+        "driver_version": driver_version() if cuda_available else None,
         "hostname": socket.gethostname(),
         "user": user,
     }

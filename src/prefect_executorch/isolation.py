@@ -2,8 +2,10 @@
 
 Children are forked from a forkserver that has already imported torch and ExecuTorch, so a child
 starts in milliseconds instead of paying those imports again; ``warm_up()`` starts that server
-early, in the background. Each child gets its own session, log file and optional address-space
-limit; the parent passes a pydantic request through a JSON file and reads the result (or a typed
+early, in the background. Each child gets its own session, log file and optional memory bound: an
+address-space limit (RLIMIT_AS) for CPU work, or, for children that initialise CUDA (which reserves
+huge virtual ranges, so even 16 GiB of address space makes ``cudaGetDeviceCount`` fail), a watch
+on the resident memory of the child's process group that kills it above the bound. The parent passes a pydantic request through a JSON file and reads the result (or a typed
 error) back. A crash, a signal or a timeout becomes ``ChildProcessFailed`` carrying the child's
 stderr tail, and the parent process lives on. ``PREFECT_EXECUTORCH_CHILD_START=spawn`` starts each
 child as a fresh interpreter instead.
@@ -24,9 +26,9 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Literal, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from prefect_executorch import errors
 
@@ -65,7 +67,21 @@ def warm_up() -> None:
         multiprocessing.forkserver.ensure_running()
 
 
+class MemoryLimit(BaseModel):
+    """How a child process is bounded: by address space (RLIMIT_AS) or by a watch on its resident memory."""
+
+    mib: int = Field(ge=1)
+    kind: Literal["address_space", "resident"]
+
+    def describe(self) -> str:
+        """In words, for reports and errors."""
+        what = "address space (RLIMIT_AS)" if self.kind == "address_space" else "resident memory (watched, killed above)"
+        return f"{what} {self.mib} MiB"
+
+
 ResultT = TypeVar("ResultT", bound=BaseModel)
+#: How often the parent looks at a watched child's resident memory (s).
+RSS_POLL_S = 0.1
 STDERR_TAIL_CHARS = 4000
 
 
@@ -94,10 +110,11 @@ def run_isolated(
     *,
     timeout_s: float,
     scratch_dir: Path,
-    memory_limit_mib: int | None = None,
+    memory_limit: MemoryLimit | None = None,
     what: str | None = None,
 ) -> ResultT:
     """Run ``command`` on ``request`` in a child process and return its typed result."""
+    address_space = memory_limit.mib if memory_limit and memory_limit.kind == "address_space" else None
     what = what or command
     scratch_dir.mkdir(parents=True, exist_ok=True)
     ipc = Path(tempfile.mkdtemp(prefix=f".{command}-", dir=scratch_dir))
@@ -106,12 +123,24 @@ def run_isolated(
         request_path.write_text(request.model_dump_json())
         proc = _context().Process(
             target=_child_main,
-            args=(command, str(request_path), str(response_path), str(log_path), memory_limit_mib),
+            args=(command, str(request_path), str(response_path), str(log_path), address_space),
             name=f"prefect-executorch-{command}",
         )
         proc.start()
+        over_mib: int | None = None
         try:
-            proc.join(timeout_s)
+            if memory_limit is not None and memory_limit.kind == "resident":
+                over_mib = _join_watching_rss(proc, timeout_s, memory_limit.mib)
+            else:
+                proc.join(timeout_s)
+            if over_mib is not None:
+                proc.join()
+                raise errors.ChildProcessFailed(
+                    f"{what} used {over_mib} MiB of resident memory, over its limit of {memory_limit.describe()}, "  # type: ignore[union-attr]
+                    f"and was killed; raise the spec's memory limit if the model needs more.\n"
+                    f"--- child stderr (tail) ---\n{_tail(log_path)}",
+                    returncode=proc.exitcode, stderr_tail=_tail(log_path),
+                )
             if proc.exitcode is None:
                 _kill_group(proc)
                 proc.join()
@@ -128,8 +157,8 @@ def run_isolated(
         stderr_tail = _tail(log_path)
         if returncode != 0 or not response_path.exists():
             hint = ""
-            if returncode == -signal.SIGKILL and memory_limit_mib:
-                hint = f" (possibly over its memory limit of {memory_limit_mib} MiB)"
+            if returncode == -signal.SIGKILL and memory_limit:
+                hint = f" (possibly over its memory limit: {memory_limit.describe()})"
             raise errors.ChildProcessFailed(
                 f"{what} child process {_describe_exit(returncode)}{hint}\n--- child stderr (tail) ---\n{stderr_tail}",
                 returncode=returncode,
@@ -148,6 +177,35 @@ def run_isolated(
             f"{what} failed in the child process: {response['message']}", stderr_tail=stderr_tail
         )
     return result_type.model_validate(response["result"])
+
+
+def _group_rss_mib(pgid: int) -> int:
+    """Resident memory of every process in session/group ``pgid`` (the child and what it started), in MiB."""
+    total_kib = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[2]) != pgid:  # fields after the command name: state, ppid, pgrp...
+                continue
+            for line in (stat.parent / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+                    break
+        except (OSError, ValueError, IndexError):
+            continue  # the process ended while we looked
+    return total_kib // 1024
+
+
+def _join_watching_rss(proc: Any, timeout_s: float, limit_mib: int) -> int | None:
+    """Wait for ``proc`` up to ``timeout_s``; kill its group and return its RSS if that goes over ``limit_mib``."""
+    deadline = time.monotonic() + timeout_s
+    while proc.exitcode is None and time.monotonic() < deadline:
+        proc.join(RSS_POLL_S)
+        rss = _group_rss_mib(proc.pid)
+        if rss > limit_mib:
+            _kill_group(proc)
+            return rss
+    return None
 
 
 def _kill_group(proc: Any) -> None:

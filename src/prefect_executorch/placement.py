@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from prefect_executorch.spec import BuildSpec, StrictModel, TargetSpec
 from prefect_executorch.targets import TARGETS
 from prefect_executorch.targets.cpu import CpuTarget
+from prefect_executorch.targets.tensorrt import install_command as tensorrt_install
 from prefect_executorch.toolchain import GpuInfo, Toolchain
 
 CPU_POOL = "cpu"
@@ -30,12 +31,8 @@ _SM_RE = re.compile(r"^sm(\d{2,3})(plus)?$")
 _GPU_POOL_RE = re.compile(r"^gpu-(cu\d{3})$")
 
 def install_command(channel: str) -> str:
-    """The backend page's install line for ``channel`` (``--pre`` and all three indexes matter)."""
-    return (
-        'pip install --pre "torch-tensorrt[executorch]" '
-        f"--index-url https://download.pytorch.org/whl/nightly/{channel} "
-        "--extra-index-url https://pypi.org/simple --extra-index-url https://pypi.nvidia.com"
-    )
+    """What a GPU pool of ``channel`` installs: the backend page's nightly line for that channel."""
+    return tensorrt_install(channel, "nightly")
 
 
 def needs_cuda(target_kind: str) -> bool:

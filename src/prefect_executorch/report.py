@@ -65,6 +65,7 @@ class LatencyResult(BaseModel):
     program_median_ms: float
     program_p90_ms: float
     ratio: float = Field(description="Program median / eager median.")
+    synchronized: bool = Field(False, description="Each timed CUDA call waited for the device (both sides).")
 
 
 class GateResult(BaseModel):
@@ -144,6 +145,8 @@ class ValidationReport(BaseModel):
     )
     latency: list[LatencyResult] = Field(default_factory=list)
     gates: list[GateResult] = Field(default_factory=list)
+    memory_bound: str = Field("none", description="How the validating child was bounded: address space, a watch on "
+                              "its resident memory (children that initialise CUDA), or none.")
 
     def failures(self) -> list[CaseResult]:
         """The cases that failed."""

@@ -229,7 +229,10 @@ class ValidationSpec(StrictModel):
     min_delegated_fraction: float | None = Field(default=None, ge=0, le=1, description="Gate: fraction of each method's operators that a delegate runs."
     )
     timeout_s: float = Field(default=600, gt=0, description="Wall-time limit of the validating child process.")
-    memory_limit_mib: int = Field(default=8192, ge=512, description="Address-space limit of the validating child process.")
+    memory_limit_mib: int | None = Field(
+        default=None, ge=512, description="Memory bound of the validating child (MiB); default per target: CPU "
+        "targets 8192 of address space, GPU targets 32768 of resident memory (CUDA cannot start under an "
+        "address-space limit).")
 
     @model_validator(mode="after")
     def _latency_gate_needs_runs(self) -> ValidationSpec:
@@ -301,7 +304,7 @@ class TensorRTTarget(StrictModel):
         False, description="Engines share one activation scratch buffer (a delegate runtime hint; disables replay)."
     )
     hardware_compatible: bool = Field(False, description="Engines run on any Ampere-or-newer GPU (compat 'sm80plus').")
-    version_compatible: bool = Field(False, description="Engines run on later TensorRT versions (compat 'trt-any').")
+    version_compatible: bool = Field(False, description="Engines run on the same or a newer TensorRT of one major (compat 'trt11.1plus').")
     retrace: bool = Field(False, description="Must stay false: re-exporting the compiled graph drops the engines.")
     compile_options: dict[str, CompileValue] = Field(
         default_factory=dict, description="Further torch_tensorrt.dynamo.compile keywords, checked against its signature."
@@ -349,7 +352,8 @@ class BuildSpec(StrictModel):
     external_weights: bool = Field(False, description="Store weights in a .ptd beside the .pte.")
     export_timeout_s: float = Field(1800, gt=0, description="Wall-time limit of the export child process.")
     export_memory_limit_mib: int | None = Field(
-        None, ge=1024, description="Address-space limit of the export child process (MiB); none by default."
+        None, ge=1024, description="Memory bound of the export child (MiB): address space on CPU targets, resident "
+        "memory on GPU targets; none by default."
     )
 
     @field_validator("name", "version")

@@ -100,7 +100,12 @@ class Toolchain(BaseModel):
     nvcc_version: str | None = None
     torch_tensorrt_api: TorchTensorRTApi | None = Field(None, description="What the installed torch-tensorrt accepts.")
     executorch_cuda: bool | None = Field(None, description="Whether ExecuTorch is a CUDA build (None: not installed).")
-    triton: str | None = Field(None, description="triton version; the CUDA backend imports it at export.")
+    triton: str | None = Field(None, description="triton version ('unknown' if only its module was found); the CUDA "
+                               "backend imports it at export.")
+    driver_version: str | None = Field(None, description="NVIDIA driver version, e.g. '580.95.05'.")
+    capabilities: dict[str, bool] = Field(
+        default_factory=dict, description="Delegate features this torch-tensorrt offers: cuda_graphs (save), "
+        "cuda_graphs_several_methods (executorch.export), shared_engines.")
     hostname: str = ""
     user: str = ""
 

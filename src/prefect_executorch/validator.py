@@ -64,6 +64,20 @@ def case_inputs(spec: BuildSpec, name: str, method: MethodSpec) -> Iterator[tupl
             yield "dataset", index, inputs
 
 
+def synchronized(call: Callable[[], Any], device: str) -> Callable[[], Any]:
+    """``call`` that returns only once the device has finished it: CUDA calls return before the GPU is done."""
+    if not device.startswith("cuda"):
+        return call
+    import torch
+
+    def run() -> Any:
+        result = call()
+        torch.cuda.synchronize()
+        return result
+
+    return run
+
+
 def _timed(call: Callable[[], Any], runs: int, warmup: int) -> list[float]:
     for _ in range(warmup):
         call()
@@ -81,17 +95,21 @@ def _p90(times: list[float]) -> float:
 
 def measure_latency(
     name: str, label: str, eager: Callable[[], Any], program: Callable[[], Any], shapes: list[list[int]],
-    runs: int, warmup: int,
+    runs: int, warmup: int, device: str = "cpu",
 ) -> LatencyResult:
-    """Median and p90 of warm runs of eager and of the program, one after the other in this process."""
-    eager_ms = _timed(eager, runs, warmup)
-    program_ms = _timed(program, runs, warmup)
+    """Median and p90 of warm runs of eager and of the program, one after the other in this process.
+
+    On a CUDA ``device`` both sides are synchronised after every call, so each time covers the work.
+    """
+    eager_ms = _timed(synchronized(eager, device), runs, warmup)
+    program_ms = _timed(synchronized(program, device), runs, warmup)
     eager_median, program_median = statistics.median(eager_ms), statistics.median(program_ms)
     return LatencyResult(
         method=name, shape_label=label, input_shapes=shapes, runs=runs,
         eager_median_ms=eager_median, eager_p90_ms=_p90(eager_ms),
         program_median_ms=program_median, program_p90_ms=_p90(program_ms),
         ratio=program_median / eager_median if eager_median > 0 else float("inf"),
+        synchronized=device.startswith("cuda"),
     )
 
 
@@ -180,7 +198,7 @@ def _validate_method(
         label, inputs, prepared = timing
         latency = measure_latency(
             name, label, lambda: eager(*inputs), lambda: program.execute(name, prepared), [list(t.shape) for t in inputs],
-            spec.validation.latency_runs, spec.validation.latency_warmup,
+            spec.validation.latency_runs, spec.validation.latency_warmup, device,
         )
     return cases, latency
 
@@ -233,14 +251,15 @@ def validate_program(
     delegation: dict[str, DelegationFacts] | None = None,
 ) -> ValidationReport:
     """Validate the program in ``bundle_dir`` against eager; a crash, hang or memory blow-up of the child fails it."""
+    bound = get_target(spec.target_name).memory_limit("validate", spec.validation.memory_limit_mib)
     try:
-        return run_isolated(
+        report = run_isolated(
             "validate",
             ValidateRequest(spec=spec, bundle_dir=str(bundle_dir), data_files=data_files, delegation=delegation or {}),
             ValidationReport,
             timeout_s=spec.validation.timeout_s,
             scratch_dir=scratch_dir,
-            memory_limit_mib=spec.validation.memory_limit_mib,
+            memory_limit=bound,
             what=f"validation of {spec.name} {spec.version}",
         )
     except ChildProcessFailed as exc:
@@ -249,6 +268,7 @@ def validate_program(
             headline += (f"; the ExecuTorch runtime crashed on this program: check that it is loaded with the .ptd "
                          f"it was exported with (given: {data_files or 'none'}) and was built for this platform")
         raise ValidationFailed(f"{headline}\n{tail}".rstrip()) from exc
+    return report.model_copy(update={"memory_bound": bound.describe() if bound else "none"})
 
 
 def require_passed(report: ValidationReport) -> None:

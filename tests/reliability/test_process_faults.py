@@ -27,7 +27,7 @@ def test_export_child_faults_become_failed_exports(make_spec, record_fault, tmp_
                                                    overrides: dict, expected: str) -> None:
     out = tmp_path / "out"
     with pytest.raises(ExportFailed) as info:
-        export_program(make_spec(factory, **overrides), out, memory_limit_mib=overrides.get("export_memory_limit_mib"))
+        export_program(make_spec(factory, **overrides), out)
     assert expected in str(info.value)
     assert _nothing_left(out), list(out.iterdir())
     record_fault("process", f"export child: {factory}")

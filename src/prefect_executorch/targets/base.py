@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from prefect_executorch.isolation import MemoryLimit
 
 if TYPE_CHECKING:
     import torch
@@ -18,6 +20,8 @@ if TYPE_CHECKING:
 PROGRAM_FILE = "model.pte"
 #: Tag (and so file stem) our CPU targets give external weights: ``model.ptd``.
 WEIGHTS_TAG = "model"
+#: Address-space limit of a CPU validation child when the spec sets none (MiB).
+CPU_VALIDATE_LIMIT_MIB = 8192
 
 
 class Target(ABC):
@@ -53,6 +57,11 @@ class Target(ABC):
 
     def runtime_setup(self) -> None:
         """Import what the validating process needs before it loads a program."""
+
+    def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
+        """The bound of the ``stage`` child: the spec's value, else this target's default (None: unbounded)."""
+        mib = requested_mib if requested_mib is not None else CPU_VALIDATE_LIMIT_MIB if stage == "validate" else None
+        return MemoryLimit(mib=mib, kind="address_space") if mib is not None else None
 
     def prepare_input(self, tensor: torch.Tensor, spec: BuildSpec) -> torch.Tensor:
         """Place an input where the program wants it (default: host memory)."""

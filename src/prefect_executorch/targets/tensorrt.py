@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from prefect_executorch.calls import Call, Ref, Slot, Step, check_calls, run_steps
+from prefect_executorch.calls import Call, LiveSources, Ref, Slot, Step, check_calls, run_steps
+from prefect_executorch.compat import gpu_compat
 from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.spec import TensorRTTarget as TensorRTOptions
-from prefect_executorch.targets.base import PROGRAM_FILE, Target
+from prefect_executorch.targets.base import PROGRAM_FILE, MemoryLimit, Target
 from prefect_executorch.hostprobe import channel_of
 from prefect_executorch.toolchain import channel_cuda_major, minor_version, version_key
 
 if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
+
+    from prefect_executorch.delegation import DelegationFacts
 
     from prefect_executorch.spec import BuildSpec, InputSpec, MethodSpec
     from prefect_executorch.toolchain import Toolchain
@@ -33,25 +37,46 @@ RUNTIME_MODULE = "torch_tensorrt_executorch_runtime"
 #: torch-tensorrt 2.13 silently ignores backend_config and unknown save() keywords and drops the .ptd.
 MIN_TORCH_TENSORRT = (2, 14)
 CUDA_GRAPHS_BUILD = "a Torch-TensorRT build newer than the 2026-10-06 nightly (its main or 2.15 release branch)"
-#: First ExecuTorch whose Python bindings hand caller-provided (unplanned) outputs correctly.
-UNPLANNED_OUTPUTS_EXECUTORCH = "1.6.0.dev20261008"
+#: First ExecuTorch whose Python bindings return device-resident outputs (and caller-provided ones)
+#: correctly; before it they wrap the device pointer as a CPU tensor and the clone segfaults.
+DEVICE_OUTPUTS_EXECUTORCH = "1.6.0.dev20261008"
 SUPPORTED_ARCHES = ("x86_64", "aarch64")
-#: The channel the backend page's install command uses, suggested when this machine has none.
-DEFAULT_CHANNEL = "cu132"
 LOW_PRECISION = {"fp16": "float16", "bf16": "bfloat16"}
+#: Resident-memory bounds of GPU children when the spec sets none (MiB; None: unbounded). Export
+#: builds engines and may need the host's memory; validation holds one program and the model.
+GPU_MEMORY_DEFAULTS_MIB: dict[str, int | None] = {"export": None, "validate": 32768}
+
+#: The two stacks the delegate ships in: PyPI releases (torch-tensorrt 2.14 + CPU ExecuTorch 1.4.1 +
+#: the runtime wheel) and the backend page's nightly channel (CUDA builds of all three).
+Stack = Literal["release", "nightly"]
+#: The channel suggested when this machine's torch has no CUDA 13 one, per stack.
+DEFAULT_CHANNEL: dict[Stack, str] = {"release": "cu130", "nightly": "cu132"}
+RELEASE_PACKAGES = '"torch-tensorrt[executorch]>=2.14,<2.15" "torch-tensorrt-executorch-runtime>=0.1.0,<0.2"'
+NIGHTLY_PACKAGES = '"torch-tensorrt[executorch]"'
 
 
-def install_command(channel: str, packages: str = '"torch-tensorrt[executorch]"') -> str:
-    """The backend page's install line for ``channel``: ``--pre`` and all three indexes."""
+def stack_of(toolchain: Toolchain) -> Stack:
+    """The nightly stack if torch, torch-tensorrt or ExecuTorch is a dev build, else the release stack."""
+    versions = (toolchain.torch, toolchain.torch_tensorrt, toolchain.executorch)
+    return "nightly" if any(v and ".dev" in v for v in versions) else "release"
+
+
+def install_command(channel: str | None, stack: Stack = "nightly", packages: str | None = None) -> str:
+    """The install line of ``stack`` for ``channel`` (this machine's if it is CUDA 13, else the stack's default)."""
+    channel = channel if channel is not None and channel_cuda_major(channel) == 13 else DEFAULT_CHANNEL[stack]
+    if stack == "release":
+        return (f"pip install {packages or RELEASE_PACKAGES} --extra-index-url https://download.pytorch.org/whl/{channel} "
+                "--extra-index-url https://pypi.nvidia.com")
+    # The backend page's line: --pre and all three indexes matter.
     return (
-        f"pip install --pre {packages} --index-url https://download.pytorch.org/whl/nightly/{channel} "
+        f"pip install --pre {packages or NIGHTLY_PACKAGES} --index-url https://download.pytorch.org/whl/nightly/{channel} "
         "--extra-index-url https://pypi.org/simple --extra-index-url https://pypi.nvidia.com"
     )
 
 
-def install_channel(channel: str | None) -> str:
-    """The channel to install for: this machine's if it is CUDA 13, else the page's default."""
-    return channel if channel is not None and channel_cuda_major(channel) == 13 else DEFAULT_CHANNEL
+def worker_install(toolchain: Toolchain, packages: str | None = None) -> str:
+    """The install line for the stack and channel this worker is on."""
+    return install_command(toolchain.cuda_channel, stack_of(toolchain), packages)
 
 
 def _options(spec: BuildSpec) -> TensorRTOptions:
@@ -149,20 +174,21 @@ def build_save_call(options: TensorRTOptions, method_name: str) -> Call:
 def build_steps(spec: BuildSpec) -> list[Step]:
     """Every library call of a TensorRT export, in order, as data.
 
-    One method goes through ``torch_tensorrt.save``. ``save`` lowers a single method only, so
-    several methods go through ``torch_tensorrt.executorch.export`` with a mapping of
-    engine-bearing programs (each from ``torch_tensorrt.dynamo.export``), then
+    A lone ``forward`` goes through ``torch_tensorrt.save``, which always names its one method
+    ``forward``. Any other method set goes through ``torch_tensorrt.executorch.export`` with a
+    mapping of engine-bearing programs (each from ``torch_tensorrt.dynamo.export`` with the legacy
+    exporter, as ``save(retrace=False)`` does: a re-trace drops the engines), then
     ``to_executorch``; the caller writes the result as ``save`` would.
     """
     options = _options(spec)
     steps = [Step(build_compile_call(options, name, method), f"compiled.{name}") for name, method in spec.methods.items()]
-    if len(spec.methods) == 1:
-        return [*steps, Step(build_save_call(options, next(iter(spec.methods))))]
+    if list(spec.methods) == ["forward"]:
+        return [*steps, Step(build_save_call(options, "forward"))]
     for name in spec.methods:
         steps.append(Step(Call("torch_tensorrt.dynamo.export", "function", args=(Slot(f"compiled.{name}"),), kwargs={
             "arg_inputs": Slot(f"example_inputs.{name}"),
             "dynamic_shapes": Slot(f"dynamic_shapes.{name}"),
-            "use_legacy_exporter": False,
+            "use_legacy_exporter": True,
         }), f"program.{name}"))
     export_kwargs: dict[str, Any] = {}
     if options.coalesce_cuda:
@@ -215,6 +241,18 @@ def _compile_option_problems(options: TensorRTOptions, toolchain: Toolchain) -> 
     return problems
 
 
+def _cuda_mismatch(what: str, channel: str | None, labelled: bool, torch_channel: str | None, install: str) -> str | None:
+    """A channel conflict with torch: exact where both carry a ``+cu`` label, by CUDA major otherwise."""
+    if not channel or not torch_channel or channel == torch_channel:
+        return None
+    if labelled:
+        return f"{what} is built for {channel} but torch is {torch_channel}; keep torch, executorch and torch-tensorrt on one channel: {install}"
+    major, torch_major = channel_cuda_major(channel), channel_cuda_major(torch_channel)
+    if major == torch_major:
+        return None  # a release wheel without a +cu label runs on any minor of its CUDA major
+    return f"{what} is built for CUDA {major} ({channel}) but torch is CUDA {torch_major} ({torch_channel}); install one stack: {install}"
+
+
 def _library_problems(toolchain: Toolchain, install: str) -> list[str]:
     problems = []
     torch_minor = minor_version(toolchain.torch)
@@ -233,14 +271,11 @@ def _library_problems(toolchain: Toolchain, install: str) -> list[str]:
             major, minor = tt_minor
             problems.append(
                 f"torch-tensorrt {tt} needs torch {major}.{minor} (torch>={major}.{minor},<{major}.{minor + 1}), "
-                f"found torch {toolchain.torch}; install both from one channel with: {install}"
+                f"found torch {toolchain.torch}; install both from one stack with: {install}"
             )
-        tt_channel = toolchain.torch_tensorrt_channel
-        if tt_channel and channel and tt_channel != channel:
-            problems.append(
-                f"torch-tensorrt {tt} is built for {tt_channel} but torch {toolchain.torch} is {channel}; keep torch, "
-                f"executorch and torch-tensorrt on one channel: {install}"
-            )
+        conflict = _cuda_mismatch(f"torch-tensorrt {tt}", toolchain.torch_tensorrt_channel, channel_of(tt) is not None,
+                                  channel, install)
+        problems += [conflict] if conflict else []
         api = toolchain.torch_tensorrt_api
         if toolchain.tensorrt is None:
             problems.append(f"TensorRT is not installed (importing torch_tensorrt needs libnvinfer); install with: {install}")
@@ -250,19 +285,23 @@ def _library_problems(toolchain: Toolchain, install: str) -> list[str]:
                 f"built against; install with: {install}"
             )
     et = toolchain.executorch
+    runtime = toolchain.tensorrt_executorch_runtime
     if et is None:
-        problems.append(f"executorch is not installed; install its CUDA build with: {install}")
-    elif toolchain.executorch_cuda is False:
+        problems.append(f"executorch is not installed; install it with: {install}")
+    elif toolchain.executorch_cuda is False and runtime is None:
+        # The release stack is CPU ExecuTorch plus the runtime wheel, which brings its own CUDA runtime.
         problems.append(
-            f"executorch {et} is a CPU build; the delegate needs a library only the CUDA wheels carry (a CPU build "
-            f"installs and then fails on import); install the CUDA build with: {install}"
+            f"executorch {et} is a CPU build and {RUNTIME_PACKAGE} is not installed: the delegate needs either the "
+            f"runtime wheel beside CPU ExecuTorch (release stack) or ExecuTorch's CUDA build (nightly stack); "
+            f"install with: {install}"
         )
-    elif channel_of(et) and channel and channel_of(et) != channel:
-        problems.append(f"executorch {et} is built for {channel_of(et)} but torch is {channel}; use one channel: {install}")
-    if toolchain.tensorrt_executorch_runtime is None:
+    else:
+        conflict = _cuda_mismatch(f"executorch {et}", channel_of(et), True, channel, install)
+        problems += [conflict] if conflict else []
+    if runtime is None:
         problems.append(
             f"{RUNTIME_PACKAGE} is not installed; validation loads the program with it. Install it with: "
-            + install_command(install_channel(channel), RUNTIME_PACKAGE)
+            + worker_install(toolchain, RUNTIME_PACKAGE)
         )
     return problems
 
@@ -271,10 +310,9 @@ def _option_problems(spec: BuildSpec, options: TensorRTOptions, toolchain: Toolc
     problems = []
     api = toolchain.torch_tensorrt_api
     if options.cuda_graphs and api is not None:
-        several = len(spec.methods) > 1
-        keywords = api.export_keywords if several else api.save_keywords
-        if "use_cuda_graphs" not in keywords:
-            where = "torch_tensorrt.executorch.export()" if several else "torch_tensorrt.save()"
+        mapping = list(spec.methods) != ["forward"]
+        if not toolchain.capabilities.get("cuda_graphs_several_methods" if mapping else "cuda_graphs"):
+            where = "torch_tensorrt.executorch.export()" if mapping else "torch_tensorrt.save()"
             problems.append(
                 f"target.cuda_graphs: {where} of torch-tensorrt {toolchain.torch_tensorrt} does not accept "
                 f"use_cuda_graphs (it raises TypeError); CUDA graph replay needs {CUDA_GRAPHS_BUILD}: install a newer "
@@ -301,12 +339,15 @@ def _option_problems(spec: BuildSpec, options: TensorRTOptions, toolchain: Toolc
             f"is {toolchain.sm}; set hardware_compatible: false"
         )
     io = options.device_resident_io
-    if io is not None and not io.planned_outputs and toolchain.executorch and (
-        version_key(toolchain.executorch) < version_key(UNPLANNED_OUTPUTS_EXECUTORCH)
+    if io is not None and io.outputs and toolchain.executorch and (
+        version_key(toolchain.executorch) < version_key(DEVICE_OUTPUTS_EXECUTORCH)
     ):
         problems.append(
-            f"target.device_resident_io.planned_outputs: false needs ExecuTorch {UNPLANNED_OUTPUTS_EXECUTORCH} or newer "
-            f"for Python validation (found {toolchain.executorch}); keep outputs planned"
+            f"target.device_resident_io.outputs: Python cannot receive device-resident outputs on ExecuTorch "
+            f"{toolchain.executorch} (its bindings wrap the device pointer as a CPU tensor and the copy crashes), so "
+            "the program could not be validated. What works on this stack: device-resident inputs only, "
+            "`device_resident_io: {inputs: true, outputs: false}`. Device-resident outputs need ExecuTorch "
+            f"{DEVICE_OUTPUTS_EXECUTORCH} or newer: " + install_command(toolchain.cuda_channel, "nightly")
         )
     return problems
 
@@ -360,7 +401,7 @@ class TensorRTTarget(Target):
         spec_problems = _spec_problems(spec, options) + _compile_option_problems(options, toolchain)
         if spec_problems:
             raise SpecError("invalid spec for target tensorrt:\n  - " + "\n  - ".join(spec_problems))
-        install = install_command(install_channel(toolchain.cuda_channel))
+        install = worker_install(toolchain)
         problems = (
             _platform_problems(toolchain, install)
             + _library_problems(toolchain, install)
@@ -374,15 +415,12 @@ class TensorRTTarget(Target):
 
     def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
         options = _options(spec)
-        if not (toolchain.cuda_channel and toolchain.sm and toolchain.tensorrt):
-            raise ToolchainMismatch(
-                "the compat key of a TensorRT bundle needs the CUDA channel, GPU SM and TensorRT version; this "
-                f"worker has channel={toolchain.cuda_channel}, sm={toolchain.sm}, tensorrt={toolchain.tensorrt}"
-            )
-        sm = "sm80plus" if options.hardware_compatible else toolchain.sm
-        trt_minor = minor_version(toolchain.tensorrt)
-        trt = "trt-any" if options.version_compatible else f"trt{trt_minor[0]}.{trt_minor[1]}" if trt_minor else "trt"
-        return f"{toolchain.cuda_channel}-{sm}-{trt}-{toolchain.arch}"
+        try:
+            return gpu_compat(toolchain.cuda_channel, "sm80" if options.hardware_compatible else toolchain.sm,
+                              toolchain.arch, toolchain.tensorrt, sm_or_newer=options.hardware_compatible,
+                              tensorrt_or_newer=options.version_compatible)
+        except SpecError as exc:
+            raise ToolchainMismatch(f"the compat key of a TensorRT bundle cannot be built on this worker: {exc}") from None
 
     def export_method(
         self, module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any, spec: BuildSpec
@@ -390,13 +428,18 @@ class TensorRTTarget(Target):
         # Engines are built from a CUDA graph: export on the device they will run on.
         return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
 
-    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> None:
+    def lower(
+        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
+    ) -> dict[str, DelegationFacts]:
         from prefect_executorch.apisource import Sources
+        from prefect_executorch.delegation import facts_from_program
         from prefect_executorch.inputs import dynamic_shapes, example_inputs
+        from prefect_executorch.program import read_program
 
         steps = build_steps(spec)
-        # dynamo.compile drops keywords it does not know: compare every call with the installed source first.
-        problems = check_calls(steps, Sources.installed("torch_tensorrt", "executorch"))
+        # dynamo.compile drops keywords it does not know: compare every call with what the installed
+        # libraries accept (their signatures; for **kwargs, what their source reads) before any work.
+        problems = check_calls(steps, LiveSources(Sources.installed("torch_tensorrt", "executorch")))
         if problems:
             raise ToolchainMismatch("the installed torch-tensorrt/executorch do not accept our calls:\n  - "
                                     + "\n  - ".join(problems))
@@ -413,13 +456,12 @@ class TensorRTTarget(Target):
                 program.write_to_file(file)
             if program._tensor_data:
                 program.write_tensor_data_to_file(str(out_dir))
+        # Engines hide their operators: count the method's operators before lowering, and read from
+        # the .pte which of them were left to ExecuTorch's kernels.
+        return facts_from_program(programs, read_program(pte))
 
     def runtime_setup(self) -> None:
-        import torch
-
-        # Eager FP32 must not use TF32 either, or it is the reference that is off.
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+        configure_eager_cuda()
         activate_delegate_runtime()
 
     def prepare_input(self, tensor: torch.Tensor, spec: BuildSpec) -> torch.Tensor:
@@ -446,7 +488,22 @@ class TensorRTTarget(Target):
             "delegate_runtime": RUNTIME_PACKAGE,
             "delegate_runtime_version": toolchain.tensorrt_executorch_runtime if toolchain else None,
             "cuda_channel": toolchain.cuda_channel if toolchain else None,
+            "stack": stack_of(toolchain) if toolchain else None,
         }
+
+    def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
+        # CUDA reserves huge virtual ranges: an address-space limit (even 16 GiB) makes
+        # cudaGetDeviceCount fail, so children that initialise CUDA are bounded by resident memory.
+        mib = requested_mib if requested_mib is not None else GPU_MEMORY_DEFAULTS_MIB[stage]
+        return MemoryLimit(mib=mib, kind="resident") if mib is not None else None
+
+
+def configure_eager_cuda() -> None:
+    """Turn TF32 off for eager CUDA: FP32 engines are built without it, so the reference must match."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
 
 def activate_delegate_runtime() -> None:
@@ -460,6 +517,7 @@ def activate_delegate_runtime() -> None:
     from prefect_executorch.hostprobe import local_cuda_channel
 
     channel = local_cuda_channel()
+    stack: Stack = "nightly" if ".dev" in importlib.metadata.version("torch") else "release"
     try:
         module = importlib.import_module(RUNTIME_MODULE)
     except ImportError as exc:
@@ -469,7 +527,7 @@ def activate_delegate_runtime() -> None:
         try:
             activate()
         except ImportError as exc:  # the wheel's DelegateCompatibilityError is an ImportError
-            fix = install_command(install_channel(channel), RUNTIME_PACKAGE)
+            fix = install_command(channel, stack, None if stack == "release" else RUNTIME_PACKAGE)
             raise ToolchainMismatch(
                 f"{RUNTIME_PACKAGE} is installed but cannot register TensorRTBackend ({type(exc).__name__}: {exc}); "
                 f"torch, executorch, torch-tensorrt and the runtime must come from one channel: {fix}"
