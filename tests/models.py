@@ -117,6 +117,17 @@ def allocates_too_much() -> nn.Module:
     return Mlp()
 
 
+def grows_slowly() -> nn.Module:
+    """Touches 256 MiB more every 50 ms up to 8 GiB: a resident-memory watch must stop it early."""
+    import time
+
+    held = []
+    for _ in range(32):
+        held.append(torch.ones(256 * 2**20, dtype=torch.uint8))
+        time.sleep(0.05)
+    return Mlp()
+
+
 class NeedsPickle:
     """Not a tensor: saving one of these makes a file weights_only=True must refuse."""
 
