@@ -212,6 +212,30 @@ def test_install_extra_matches_the_wheels_requirements(trt_wheel: WheelRoot, run
     assert extra["torch-tensorrt-executorch-runtime"].specifier.contains("0.1.0")
 
 
+#: What each stack installs (the nightly as the backend page names it: its 2026-10-06 build).
+STACKS = {
+    "tensorrt": {"torch": "2.14.0+cu130", "torch-tensorrt": "2.14.0", "executorch": "1.4.1",
+                 "torch-tensorrt-executorch-runtime": "0.1.0"},
+    "tensorrt-nightly": {"torch": "2.15.0.dev20261006+cu132", "torch-tensorrt": "2.15.0.dev20261006+cu132",
+                         "executorch": "1.6.0.dev20260925+cu132", "torch-tensorrt-executorch-runtime": "0.1.0.dev20261006"},
+}
+
+
+@pytest.mark.parametrize("extra", sorted(STACKS))
+def test_the_project_installs_beside_both_stacks(extra: str) -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [Requirement(r) for r in [*project["dependencies"], *project["optional-dependencies"][extra]]]
+    for name, version in STACKS[extra].items():
+        pins = [r for r in requirements if r.name == name]
+        assert pins, f"{extra} does not name {name}"
+        for pin in pins:
+            assert pin.specifier.contains(version, prereleases=True), f"{pin} excludes {name} {version} ({extra})"
+    # And neither stack's extra admits the other's versions: a worker installs one stack.
+    other = STACKS["tensorrt" if extra == "tensorrt-nightly" else "tensorrt-nightly"]
+    extra_pins = {Requirement(r).name: Requirement(r) for r in project["optional-dependencies"][extra]}
+    assert not extra_pins["torch"].specifier.contains(other["torch"], prereleases=True)
+
+
 # ------------------------------------------------------------------- call construction
 
 
