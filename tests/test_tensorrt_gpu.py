@@ -1,8 +1,8 @@
 """Real TensorRT builds: every option exported with torch-tensorrt, validated against eager on the GPU.
 
-Run on a Linux CUDA 13 GPU worker after the per-channel install of docs/tensorrt.md:
+Run on a Linux CUDA 13 GPU worker after the install of docs/tensorrt.md (release or nightly stack):
 
-    python -m pytest -m gpu tests/test_tensorrt_gpu.py -ra
+    python -m pytest -m "cuda or tensorrt" -ra
 
 Without an NVIDIA GPU and the TensorRT stack every test is skipped, with the probe's reason.
 """
@@ -18,12 +18,13 @@ from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.exporter import export_program
 from prefect_executorch.spec import BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
-from prefect_executorch.toolchain import Toolchain, probe
+from prefect_executorch.targets.tensorrt import DEVICE_OUTPUTS_EXECUTORCH
+from prefect_executorch.toolchain import Toolchain, probe, version_key
 from prefect_executorch.validator import require_passed, validate_program
 
 from helpers import MODELS
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.tensorrt
 TARGET = get_target("tensorrt")
 TRT, CUDA = "TensorRTBackend", "CudaBackend"
 
@@ -64,6 +65,7 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, list[str]]
     "bf16": ("convnet", one_input([2, 3, 8, 8]), {"precision": "bf16"}, None),
     "coalesced": ("erfinv_chain", one_input([64, 64]), {"coalesce_cuda": True}, {"forward": [TRT, CUDA, TRT]}),
     "device-resident": ("add_one", one_input([2, 3, 4, 4]), {"device_resident_io": True}, {"forward": [TRT]}),
+    "encode-only": ("mlp", {"encode": {"inputs": [{"name": "x", "shape": [4, 32]}]}}, {}, {"encode": [TRT]}),
     "device-resident-inputs-only": ("add_one", one_input([2, 3, 4, 4]),
                                     {"device_resident_io": {"inputs": True, "outputs": False}}, {"forward": [TRT]}),
     "device-resident-coalesced": ("erfinv_chain", one_input([64, 64]),
@@ -91,6 +93,12 @@ def build_and_validate(spec: BuildSpec, toolchain: Toolchain, tmp_path: Path) ->
 def test_option_builds_validates_and_runs(case: str, toolchain: Toolchain, tmp_path: Path) -> None:
     factory, methods, target, delegates = CASES[case]
     spec = trt_spec(factory, methods, **target)
+    io = spec.target.device_resident_io  # type: ignore[union-attr]
+    if io is not None and io.outputs and version_key(toolchain.executorch or "0") < version_key(DEVICE_OUTPUTS_EXECUTORCH):
+        # Python cannot take device-resident outputs on this stack: refused before any export.
+        with pytest.raises(ToolchainMismatch, match="Python cannot receive device-resident outputs"):
+            TARGET.check(spec, toolchain)
+        return
     export, report = build_and_validate(spec, toolchain, tmp_path)
     assert set(report.delegates) == set(methods)
     assert all(TRT in found for found in report.delegates.values()), report.delegates
@@ -111,8 +119,7 @@ def test_cuda_part_with_weights_writes_and_loads_its_ptd(toolchain: Toolchain, t
 
 def test_cuda_graphs_build_or_refusal_names_the_build(toolchain: Toolchain, tmp_path: Path) -> None:
     spec = trt_spec("add_one", one_input([2, 3, 4, 4]), cuda_graphs=True)
-    api = toolchain.torch_tensorrt_api
-    if api is not None and "use_cuda_graphs" in api.save_keywords:
+    if toolchain.capabilities.get("cuda_graphs"):
         build_and_validate(spec, toolchain, tmp_path)
     else:
         with pytest.raises(ToolchainMismatch, match="newer than the 2026-10-06 nightly"):
@@ -128,7 +135,8 @@ def test_flow_publishes_a_device_resident_bundle_with_its_hints(
 
     request.getfixturevalue("prefect_harness")  # after the toolchain check: a skip must not start Prefect
 
-    spec = trt_spec("erfinv_chain", one_input([64, 64]), coalesce_cuda=True, device_resident_io=True)
+    spec = trt_spec("erfinv_chain", one_input([64, 64]), coalesce_cuda=True,
+                    device_resident_io={"inputs": True, "outputs": False})
     store = LocalStore(tmp_path / "store")
     ref = build_bundle(spec, store=str(store.root), output=str(tmp_path / "out"))
     assert ref.key.compat == TARGET.compat(spec, toolchain)
@@ -137,3 +145,6 @@ def test_flow_publishes_a_device_resident_bundle_with_its_hints(
     assert manifest.runtime_hints["wants_cuda_tensors"] is True
     assert manifest.runtime_hints["delegate_runtime_version"] == toolchain.tensorrt_executorch_runtime
     assert manifest.toolchain["torch_tensorrt"] == toolchain.torch_tensorrt
+    assert manifest.runtime_hints["stack"] in ("release", "nightly")
+    facts = manifest.delegation()["forward"]
+    assert facts.total_ops > 0 and facts.fraction == 1.0  # TensorRT and the CUDA backend took every operator
