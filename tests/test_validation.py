@@ -140,6 +140,8 @@ def test_a_crashing_child_is_a_validation_failure_and_the_caller_lives(published
     report = validate_program(spec, bundle, ["model.ptd"], scratch_dir=tmp_path,
                               delegation=verify_bundle_dir(bundle).delegation())
     assert report.passed and report.used_data_file
+    # A CPU target's validation child keeps its address-space limit (GPU children are watched instead).
+    assert report.memory_bound == "address space (RLIMIT_AS) 8192 MiB"
 
 
 def test_a_hanging_child_times_out(published, tmp_path: Path) -> None:
