@@ -119,15 +119,15 @@ def fit(key: str, toolchain: Toolchain) -> Fit:
     rank = 10 if compat.sm_or_newer else 20
     assert compat.tensorrt is not None
     built = Version(compat.tensorrt).release
-    found = Version(toolchain.tensorrt).release[:2] if toolchain.tensorrt and _is_version(toolchain.tensorrt) else None
-    if found is None:
+    machine_trt = Version(toolchain.tensorrt).release[:2] if toolchain.tensorrt and _is_version(toolchain.tensorrt) else None
+    if machine_trt is None:
         return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt}, this machine has none")
     if compat.tensorrt_or_newer:
         # Version-compatible engines load on the same or a later TensorRT of one major, never on an older one.
-        if found[0] != built[0] or found < built:
+        if machine_trt[0] != built[0] or machine_trt < built:
             return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt} or a newer {built[0]}.x, this "
                                         f"machine has {toolchain.tensorrt}")
         return Fit(ok=True, rank=rank + 1)
-    if found != built:
+    if machine_trt != built:
         return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt}, this machine has {toolchain.tensorrt}")
     return Fit(ok=True, rank=rank + 2)
