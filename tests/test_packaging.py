@@ -40,4 +40,6 @@ def test_editable_install_imports_from_the_source_tree() -> None:
         [sys.executable, "-c", "import prefect_executorch.flows.build as b; print(b.__file__)"],
         capture_output=True, text=True, check=True, cwd="/",
     ).stdout.strip()
-    assert Path(out) == ROOT / "flows" / "build.py"
+    # Through the link that lets every tool resolve the folder under its import name.
+    assert Path(out) == ROOT / "src" / "prefect_executorch" / "flows" / "build.py"
+    assert Path(out).resolve() == ROOT / "flows" / "build.py"
