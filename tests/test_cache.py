@@ -116,3 +116,50 @@ def test_a_failed_cell_fails_the_retrain_and_promotes_nothing(make_spec, tmp_pat
     assert "xnnpack@cpu: Failed" in message and "portable@cpu: Failed" in message
     assert "factory exploded on purpose" in message
     assert list_aliases(store, "raises") == {} and store.list("raises/") == []
+
+
+def test_samples_and_datasets_count_by_content_not_by_path(make_spec, tmp_path: Path) -> None:
+    toolchain = Toolchain(python="3.11", os="Linux", arch="x86_64", torch=torch.__version__)
+    method = {"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}}
+
+    def key(samples: Path, dataset: Path) -> str:
+        validation = {"methods": {"forward": {"samples_file": str(samples), "dataset": f"{dataset}:samples"}}}
+        spec = make_spec("mlp", methods=method, validation=validation)
+        return build_fingerprint(spec, toolchain, "cpu-xnnpack-x86_64", "store").key()
+
+    samples, dataset = tmp_path / "a" / "samples.pt", tmp_path / "a" / "data.py"
+    samples.parent.mkdir()
+    torch.save([(torch.zeros(3, 32),)], samples)
+    dataset.write_text("def samples():\n    return []\n")
+    first = key(samples, dataset)
+    # Moved: the same content elsewhere is the same build.
+    moved = tmp_path / "b"
+    shutil.copytree(samples.parent, moved)
+    assert key(moved / "samples.pt", moved / "data.py") == first
+    # Edited in place: a different build (it was a stale cache hit).
+    torch.save([(torch.ones(3, 32),)], samples)
+    assert key(samples, dataset) != first
+    torch.save([(torch.zeros(3, 32),)], samples)
+    assert key(samples, dataset) == first
+    dataset.write_text("def samples():\n    return [1]\n")
+    assert key(samples, dataset) != first
+
+
+def test_checking_a_package_model_reference_runs_none_of_its_code(make_spec, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect_executorch.errors import SpecError
+    from prefect_executorch.fingerprint import model_source_file
+
+    package = tmp_path / "zoo" / "vision"
+    package.mkdir(parents=True)
+    for init in (tmp_path / "zoo" / "__init__.py", package / "__init__.py"):
+        init.write_text(f"open({str(tmp_path / 'ran')!r} + '-' + __name__, 'w').close()\n")
+    (package / "nets.py").write_text("def build():\n    raise SystemExit('never called')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = make_spec("mlp").model_copy(update={"model": "zoo.vision.nets:build"})
+    spec.check_model_reference()
+    assert model_source_file(spec.model) == package / "nets.py"
+    assert not list(tmp_path.glob("ran-*")), "a package __init__ ran"
+    for missing in ("zoo.vision.nope:build", "zoo.nets.vision:build", "nowhere_at_all:build"):
+        with pytest.raises(SpecError, match=f"model: no module named {missing.split(':')[0]!r}"):
+            spec.model_copy(update={"model": missing}).check_model_reference()

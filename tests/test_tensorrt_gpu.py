@@ -19,7 +19,8 @@ from prefect_executorch.exporter import export_program
 from prefect_executorch.spec import BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.tensorrt import DEVICE_OUTPUTS_EXECUTORCH
-from prefect_executorch.toolchain import Toolchain, probe, version_key
+from prefect_executorch.toolchain import Toolchain, probe
+from prefect_executorch.versions import older_than
 from prefect_executorch.validator import require_passed, validate_program
 
 from helpers import MODELS
@@ -94,7 +95,7 @@ def test_option_builds_validates_and_runs(case: str, toolchain: Toolchain, tmp_p
     factory, methods, target, delegates = CASES[case]
     spec = trt_spec(factory, methods, **target)
     io = spec.target.device_resident_io  # type: ignore[union-attr]
-    if io is not None and io.outputs and version_key(toolchain.executorch or "0") < version_key(DEVICE_OUTPUTS_EXECUTORCH):
+    if io is not None and io.outputs and older_than(toolchain.executorch, DEVICE_OUTPUTS_EXECUTORCH):
         # Python cannot take device-resident outputs on this stack: refused before any export.
         with pytest.raises(ToolchainMismatch, match="Python cannot receive device-resident outputs"):
             TARGET.check(spec, toolchain)

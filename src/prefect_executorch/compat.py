@@ -17,11 +17,12 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import SpecError
 from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.versions import parse_version
 
 _CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)$")
 _GPU_RE = re.compile(
@@ -76,21 +77,14 @@ def gpu_compat(cuda_channel: str | None, sm: str | None, arch: str, tensorrt: st
                tensorrt_or_newer: bool = False) -> str:
     """Build a GPU compat key from probe values (``sm90``, ``11.1.0.3``); ``SpecError`` if one is unusable."""
     number = _sm_number(sm)
-    release = Version(tensorrt).release if tensorrt and _is_version(tensorrt) else ()
+    parsed = parse_version(tensorrt)
+    release = parsed.release if parsed else ()
     if not cuda_channel or number is None or not 10 <= number <= 999 or len(release) < 2:
         raise SpecError(f"compat: cannot build a GPU key from channel={cuda_channel!r}, sm={sm!r}, tensorrt={tensorrt!r}; "
                         "expected a channel like 'cu132', an SM like 'sm90' and a TensorRT version like '11.1.0'")
     key = (f"{cuda_channel}-sm{number}{'plus' if sm_or_newer else ''}-trt{release[0]}.{release[1]}"
            f"{'plus' if tensorrt_or_newer else ''}-{arch}")
     return parse_compat(key).key  # the builder and the matcher agree on the shape
-
-
-def _is_version(text: str) -> bool:
-    try:
-        Version(text)
-    except InvalidVersion:
-        return False
-    return True
 
 
 def _sm_number(sm: str | None) -> int | None:
@@ -119,7 +113,8 @@ def fit(key: str, toolchain: Toolchain) -> Fit:
     rank = 10 if compat.sm_or_newer else 20
     assert compat.tensorrt is not None
     built = Version(compat.tensorrt).release
-    machine_trt = Version(toolchain.tensorrt).release[:2] if toolchain.tensorrt and _is_version(toolchain.tensorrt) else None
+    parsed = parse_version(toolchain.tensorrt)
+    machine_trt = parsed.release[:2] if parsed else None
     if machine_trt is None:
         return Fit(ok=False, reason=f"engine needs TensorRT {compat.tensorrt}, this machine has none")
     if compat.tensorrt_or_newer:

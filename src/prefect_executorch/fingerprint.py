@@ -2,21 +2,22 @@
 
 Two builds with the same fingerprint produce the same bundle, so the second may return the first's
 published bundle. The fingerprint covers the weights' bytes, the model factory's source file, the
-spec with paths and time limits normalized away, the toolchain versions, the compat key and the
+spec with paths and time limits normalized away (samples files and dataset sources by content), the toolchain versions, the compat key and the
 store (a bundle in one store is no answer for another).
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
 from prefect_executorch.errors import SpecError
 from prefect_executorch.hashing import sha256_file
+from prefect_executorch.modelref import module_source
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.toolchain import Toolchain
 
@@ -37,21 +38,12 @@ class BuildFingerprint(BaseModel):
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def model_source_file(model: str) -> Path:
-    """The file that defines the factory of ``'path.py:factory'`` or ``'package.module:factory'``."""
+def model_source_file(model: str, field: str = "model") -> Path:
+    """The file that defines the function of ``'path.py:function'`` or ``'package.module:function'``."""
     module = model.rpartition(":")[0]
-    if module.endswith(".py"):
-        path = Path(module)
-    else:
-        try:
-            found = importlib.util.find_spec(module)
-        except (ImportError, ValueError) as exc:
-            raise SpecError(f"model: cannot import {module!r}: {exc}") from None
-        if found is None or not found.origin or not Path(found.origin).is_file():
-            raise SpecError(f"model: no source file for module {module!r}; install the package that provides it")
-        path = Path(found.origin)
+    path = Path(module) if module.endswith(".py") else module_source(module, field)
     if not path.is_file():
-        raise SpecError(f"model: file {module!r} does not exist (resolved relative to the spec file)")
+        raise SpecError(f"{field}: file {module!r} does not exist (resolved relative to the spec file)")
     return path
 
 
@@ -59,7 +51,16 @@ def normalized_spec(spec: BuildSpec) -> dict[str, object]:
     """The spec without what does not change the bundle: file paths (hashed instead) and time limits."""
     data = spec.model_dump(mode="json", exclude={"weights", "export_timeout_s"})
     data["model"] = spec.model.rpartition(":")[2]
-    data["validation"].pop("timeout_s", None)  # type: ignore[union-attr]
+    validation: dict[str, Any] = data["validation"]  # type: ignore[assignment]
+    validation.pop("timeout_s", None)
+    # Samples are data: a file edited in place must miss the cache, a moved one must not.
+    for name, settings in validation["methods"].items():
+        field = f"validation.methods.{name}"
+        if settings.get("samples_file"):
+            settings["samples_file"] = sha256_file(settings["samples_file"])
+        if settings.get("dataset"):
+            function = settings["dataset"].rpartition(":")[2]
+            settings["dataset"] = f"{sha256_file(model_source_file(settings['dataset'], f'{field}.dataset'))}:{function}"
     return data
 
 

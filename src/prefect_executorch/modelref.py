@@ -8,6 +8,7 @@ import importlib.util
 import pickle
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from prefect_executorch.errors import SpecError
@@ -16,6 +17,31 @@ if TYPE_CHECKING:
     import torch
 
     from prefect_executorch.spec import BuildSpec
+
+
+def module_source(module: str, field: str = "model") -> Path:
+    """The source file of ``package.module``, found as import would find it but without running any of it.
+
+    ``importlib.util.find_spec`` imports the parent packages (their ``__init__`` runs, torch with
+    them); asking each finder on ``sys.meta_path`` for one level at a time runs nothing.
+    """
+    search: list[str] | None = None
+    found = None
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        if depth > 1 and search is None:
+            break  # the parent is a module, not a package
+        found = next((spec for finder in sys.meta_path
+                      if (spec := getattr(finder, "find_spec", lambda *_: None)(name, search)) is not None), None)
+        if found is None:
+            break
+        search = list(found.submodule_search_locations) if found.submodule_search_locations is not None else None
+    if found is None or found.name != module:
+        raise SpecError(f"{field}: no module named {module!r}; check the name or install the package that provides it")
+    if not found.origin or not Path(found.origin).is_file():
+        raise SpecError(f"{field}: no source file for module {module!r}; install the package that provides it")
+    return Path(found.origin)
 
 
 def load_factory(reference: str, field: str = "model") -> Callable[[], Any]:

@@ -22,8 +22,6 @@ from prefect_executorch.toolchain import GpuInfo, Toolchain
 
 CPU_POOL = "cpu"
 DEFAULT_QUEUE = "default"
-#: The CUDA 13 channels the backend ships (the page's cu132, cu134; cu130 for CUDA 13.0 hosts).
-CHANNELS = ("cu130", "cu132", "cu134")
 GPU_ARCHS = ("sm80", "sm90", "sm100")
 
 _CHANNEL_RE = re.compile(r"^cu\d{3}$")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -14,6 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from prefect_executorch.errors import SpecError
+from prefect_executorch.modelref import module_source
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 _NAME_RE = re.compile(NAME_PATTERN)
@@ -439,12 +439,7 @@ class BuildSpec(StrictModel):
             if factory not in names:
                 raise SpecError(f"model: {module!r} defines no top-level {factory!r}; name a function that returns a torch.nn.Module")
         else:
-            try:
-                found = importlib.util.find_spec(module)
-            except (ImportError, ValueError) as exc:
-                raise SpecError(f"model: cannot import {module!r}: {exc}") from None
-            if found is None:
-                raise SpecError(f"model: no module named {module!r}; check the name or install the package that provides it")
+            module_source(module)  # finds it without running the package's code
         if self.weights is not None and not Path(self.weights).is_file():
             raise SpecError(f"weights: file {self.weights!r} does not exist")
 

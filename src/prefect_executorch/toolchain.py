@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import re
 import sys
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.hostprobe import (  # noqa: F401 - the probe's helpers moved there; kept importable here
-    TENSORRT_DISTRIBUTIONS,
-    channel_of,
-    cuda_channel,
-    dist_version,
-    gather,
-    torch_tensorrt_api_facts,
-)
-
-_RELEASE_RE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)(?:\.?(a|b|rc|dev)(\d*))?")
+from prefect_executorch.hostprobe import channel_of, cuda_channel, gather, torch_tensorrt_api_facts
 
 
 def channel_cuda_major(channel: str | None) -> int | None:
@@ -25,28 +15,6 @@ def channel_cuda_major(channel: str | None) -> int | None:
     if not channel or not channel.startswith("cu") or not channel[2:].isdigit() or len(channel) < 4:
         return None
     return int(channel[2:-1])
-
-
-def version_key(version: str) -> tuple[tuple[int, ...], int, int]:
-    """A sortable key for ``2.14.0``, ``2.15.0.dev20261007+cu132``, ``1.4.1rc2``: (release, stage, number).
-
-    Pre-releases sort before their release, as in PEP 440; the local ``+cu…`` label is ignored.
-    """
-    match = _RELEASE_RE.match(version)
-    if not match:
-        return ((0,), 0, 0)
-    release = tuple(int(p) for p in match.group(1).split("."))
-    release = release + (0,) * (3 - len(release))
-    stage = {"dev": 0, "a": 1, "b": 2, "rc": 3}.get(match.group(2) or "", 4)
-    return (release, stage, int(match.group(3) or 0))
-
-
-def minor_version(version: str | None) -> tuple[int, int] | None:
-    """``2.14.0+cu130`` -> (2, 14)."""
-    if not version:
-        return None
-    release = version_key(version)[0]
-    return (release[0], release[1]) if release != (0, 0, 0) else None
 
 
 class TorchTensorRTApi(BaseModel):

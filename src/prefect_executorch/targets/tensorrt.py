@@ -20,7 +20,8 @@ from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.spec import TensorRTTarget as TensorRTOptions
 from prefect_executorch.targets.base import PROGRAM_FILE, MemoryLimit, Target
 from prefect_executorch.hostprobe import channel_of
-from prefect_executorch.toolchain import channel_cuda_major, minor_version, version_key
+from prefect_executorch.toolchain import channel_cuda_major
+from prefect_executorch.versions import minor_version, older_than
 
 if TYPE_CHECKING:
     import torch
@@ -340,7 +341,7 @@ def _option_problems(spec: BuildSpec, options: TensorRTOptions, toolchain: Toolc
         )
     io = options.device_resident_io
     if io is not None and io.outputs and toolchain.executorch and (
-        version_key(toolchain.executorch) < version_key(DEVICE_OUTPUTS_EXECUTORCH)
+        older_than(toolchain.executorch, DEVICE_OUTPUTS_EXECUTORCH)
     ):
         problems.append(
             f"target.device_resident_io.outputs: Python cannot receive device-resident outputs on ExecuTorch "
