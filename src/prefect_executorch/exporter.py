@@ -15,7 +15,7 @@ from prefect_executorch.errors import ChildProcessFailed, ExportFailed
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.program import MethodFacts, read_program
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec import BuildSpec, check_input_budget
 from prefect_executorch.targets import PROGRAM_FILE, get_target
 
 
@@ -102,6 +102,7 @@ def fresh_export_dir(spec: BuildSpec, output_root: Path) -> Path:
 
 def export_program(spec: BuildSpec, output_root: Path, memory_limit_mib: int | None = None) -> ExportedProgramDir:
     """Export ``spec`` into a fresh directory under ``output_root``; on failure nothing is left behind."""
+    check_input_budget(spec, memory_limit_mib * 2**20 if memory_limit_mib else None, "export_memory_limit_mib")
     out_dir = fresh_export_dir(spec, output_root)
     try:
         return run_isolated(

@@ -24,7 +24,7 @@ from prefect_executorch.isolation import run_isolated
 from prefect_executorch.modelref import load_model, method_callable
 from prefect_executorch.report import CaseResult, GateResult, LatencyResult, ValidationReport
 from prefect_executorch.runtime import LoadedProgram
-from prefect_executorch.spec import BuildSpec, MethodValidation, ValidationSpec
+from prefect_executorch.spec import BuildSpec, MethodValidation, ValidationSpec, check_input_budget
 from prefect_executorch.targets import PROGRAM_FILE, get_target
 
 if TYPE_CHECKING:
@@ -233,6 +233,7 @@ def validate_program(
     delegation: dict[str, DelegationFacts] | None = None,
 ) -> ValidationReport:
     """Validate the program in ``bundle_dir`` against eager; a crash, hang or memory blow-up of the child fails it."""
+    check_input_budget(spec, spec.validation.memory_limit_mib * 2**20, "validation.memory_limit_mib")
     try:
         return run_isolated(
             "validate",
