@@ -190,7 +190,8 @@ class InputSpec(StrictModel):
             # high is exclusive for integers: an int8 input may draw up to 127 with high 128.
             top = highest + 1 if info.field_name == "high" else highest
             if value != int(value) or not lowest <= int(value) <= top:
-                raise ValueError(f"{value!r} must be a whole number within [{lowest}, {top}] for {dtype}"
+                found = int(value) if value == int(value) else value
+                raise ValueError(f"{found!r} must be a whole number within [{lowest}, {top}] for {dtype}"
                                  + (" (high is exclusive)" if info.field_name == "high" else ""))
         low = info.data.get("low")
         if info.field_name == "high" and low is not None:
