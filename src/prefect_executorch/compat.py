@@ -52,9 +52,9 @@ class Fit(BaseModel):
 
 def parse_compat(key: str) -> Compat:
     """Parse ``key`` or raise ``SpecError`` naming the two accepted shapes."""
-    if match := _CPU_RE.match(key):
+    if match := _CPU_RE.fullmatch(key):
         return Compat(key=key, kind="cpu", backend=match["backend"], arch=match["arch"])
-    if match := _GPU_RE.match(key):
+    if match := _GPU_RE.fullmatch(key):
         return Compat(
             key=key, kind="gpu", arch=match["arch"], cuda_channel=match["channel"], sm=int(match["sm"]),
             sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_any=bool(match["any"]),

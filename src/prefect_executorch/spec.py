@@ -74,7 +74,8 @@ NAME_RULE = (
 
 def is_safe_name(value: object) -> bool:
     """Whether ``value`` can be one path segment of a bundle key."""
-    return isinstance(value, str) and bool(_NAME_RE.match(value)) and ".." not in value
+    # fullmatch: "$" also matches before a final newline, which would let "name\n" through.
+    return isinstance(value, str) and bool(_NAME_RE.fullmatch(value)) and ".." not in value
 
 
 def check_name(value: str, field: str) -> str:
@@ -86,7 +87,7 @@ def check_name(value: str, field: str) -> str:
 
 def check_method_name(value: str) -> str:
     """Return ``value`` if it is an ASCII identifier and no Python keyword, else raise ``ValueError``."""
-    if not _METHOD_NAME_RE.match(value) or keyword.iskeyword(value):
+    if not _METHOD_NAME_RE.fullmatch(value) or keyword.iskeyword(value):
         raise ValueError(
             f"{value!r} is not a valid method name; use an ASCII identifier (letters, digits, '_', not starting "
             "with a digit, at most 128 characters) that is not a Python keyword"
@@ -138,7 +139,7 @@ class InputSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _report_safe(cls, value: str) -> str:
-        if not re.match(INPUT_NAME_PATTERN, value):
+        if not re.fullmatch(INPUT_NAME_PATTERN, value):
             raise ValueError(
                 f"{value!r} is not a valid input name; use 1-64 letters, digits, '_', '.' or '-', "
                 "starting with a letter or '_'"
@@ -150,7 +151,7 @@ class InputSpec(StrictModel):
     def _json_keys(cls, value: Any) -> Any:
         # JSON (a .json spec, a stored manifest) has only string keys: accept a dim index spelled in decimal.
         if isinstance(value, dict):
-            return {int(k) if isinstance(k, str) and _DECIMAL_RE.match(k) else k: v for k, v in value.items()}
+            return {int(k) if isinstance(k, str) and _DECIMAL_RE.fullmatch(k) else k: v for k, v in value.items()}
         return value
 
     @field_validator("dynamic")
@@ -624,6 +625,7 @@ def load_spec(path: str | Path) -> BuildSpec:
         raise SpecError(f"spec: cannot read {str(path)!r}: {exc.strerror}") from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"spec: {str(path)!r} is not valid YAML/JSON: {exc}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        # PyYAML raises ValueError for an impossible date (2026-13-45) and RecursionError for deep nesting.
+        raise SpecError(f"spec: {str(path)!r} is not valid YAML/JSON: {exc or type(exc).__name__}") from None
     return parse_spec(data, base_dir=path.parent)

@@ -54,6 +54,18 @@ class Fault:
 FAULTS: list[Fault] = []
 
 
+@dataclass
+class ParserRun:
+    """Generated inputs one parser saw in a property test, and how many it refused with a typed error."""
+
+    parser: str
+    seen: int
+    refused: int
+
+
+PARSER_RUNS: list[ParserRun] = []
+
+
 @pytest.fixture
 def record_fault() -> Callable[..., None]:
     """Record a fault; call it after the assertions that prove it was survived."""
@@ -64,10 +76,34 @@ def record_fault() -> Callable[..., None]:
     return record
 
 
+@pytest.fixture
+def record_parser() -> Callable[[str, int, int], None]:
+    """Record a parser's property-test counts; call it after the property held for every input."""
+
+    def record(parser: str, seen: int, refused: int) -> None:
+        PARSER_RUNS.append(ParserRun(parser, seen, refused))
+
+    return record
+
+
+def _parser_summary(write: Callable[[str], None]) -> None:
+    width = max(len(run.parser) for run in PARSER_RUNS)
+    write("")
+    write("parser property tests (a row is written once every generated input kept the invariants)")
+    write(f"{'parser':<{width}} {'inputs':>7} {'refused':>7} {'accepted':>8} {'violations':>10}")
+    for run in PARSER_RUNS:
+        # A violation fails the test before its row is written: a written row has none.
+        write(f"{run.parser:<{width}} {run.seen:>7} {run.refused:>7} {run.seen - run.refused:>8} {0:>10}")
+    write(f"{'total':<{width}} {sum(r.seen for r in PARSER_RUNS):>7} {sum(r.refused for r in PARSER_RUNS):>7} "
+          f"{sum(r.seen - r.refused for r in PARSER_RUNS):>8} {0:>10}")
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    write = terminalreporter.write_line
+    if PARSER_RUNS:
+        _parser_summary(write)
     if not FAULTS:
         return
-    write = terminalreporter.write_line
     width = max(len(f.fault) for f in FAULTS)
     write("")
     write("reliability summary (a row is written once its test's assertions have passed)")
