@@ -39,7 +39,7 @@ class AliasTarget(BaseModel):
     version: str
     target: str
     compat: str
-    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}\Z",
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
                                  description="sha256 of the bundle's manifest.json; pins the whole bundle.")
 
     @field_validator("version", "target", "compat", "name", "alias", check_fields=False)

@@ -71,7 +71,7 @@ class FileEntry(BaseModel):
 
     path: str = Field(description="File name inside the bundle directory.")
     size: int = Field(ge=0)
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}\Z")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     role: str = Field(description="'program', 'data' (.ptd) or 'report'.")
 
     @field_validator("path")

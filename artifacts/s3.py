@@ -23,6 +23,7 @@ import hashlib
 import logging
 import math
 import random
+import re
 import sys
 import threading
 import time

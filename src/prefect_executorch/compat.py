@@ -19,12 +19,15 @@ from typing import Literal
 from pydantic import BaseModel
 
 from prefect_executorch.errors import SpecError
+from prefect_executorch.spec import is_safe_name
 from prefect_executorch.toolchain import Toolchain
 
-_CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)$")
+# re.ASCII: a bare \d would also match the digits of other scripts ("cu13٢").
+_CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)$", re.ASCII)
 _GPU_RE = re.compile(
     r"^(?P<channel>cu\d{3})-sm(?P<sm>\d{2,3})(?P<plus>plus)?"
-    r"(?:-trt(?:(?P<trt>\d+(?:\.\d+)*)|(?P<any>-any)))?-(?P<arch>[a-z0-9_]+)$"
+    r"(?:-trt(?:(?P<trt>\d+(?:\.\d+)*)|(?P<any>-any)))?-(?P<arch>[a-z0-9_]+)$",
+    re.ASCII,
 )
 
 
@@ -52,9 +55,10 @@ class Fit(BaseModel):
 
 def parse_compat(key: str) -> Compat:
     """Parse ``key`` or raise ``SpecError`` naming the two accepted shapes."""
-    if match := _CPU_RE.fullmatch(key):
+    # A compat key is a segment of a bundle key, so it obeys the same rule (length, no '..').
+    if is_safe_name(key) and (match := _CPU_RE.fullmatch(key)):
         return Compat(key=key, kind="cpu", backend=match["backend"], arch=match["arch"])
-    if match := _GPU_RE.fullmatch(key):
+    if is_safe_name(key) and (match := _GPU_RE.fullmatch(key)):
         return Compat(
             key=key, kind="gpu", arch=match["arch"], cuda_channel=match["channel"], sm=int(match["sm"]),
             sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_any=bool(match["any"]),
