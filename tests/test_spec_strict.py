@@ -12,6 +12,7 @@ from helpers import spec_data
 from prefect_executorch.errors import SpecError
 from prefect_executorch.exporter import export_program
 from prefect_executorch.spec import BuildSpec, check_input_budget, load_spec, parse_spec
+from prefect_executorch.validator import validate_program
 
 INPUT = "methods.forward.inputs.0"
 
@@ -140,3 +141,17 @@ def test_export_refuses_an_input_over_budget_before_any_child_starts(tmp_path: P
         export_program(spec, tmp_path / "out", memory_limit_mib=spec.export_memory_limit_mib)
     # Refused before fresh_export_dir: no export directory, no child, nothing written.
     assert not (tmp_path / "out").exists()
+    # No export limit, but validation (next in every build) would hold 4 TiB in its default 8 GiB.
+    with pytest.raises(SpecError, match=r"more than the 8,192 MiB of validation\.memory_limit_mib"):
+        export_program(budget_spec(2**20), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+
+def test_validation_refuses_an_input_over_budget_before_any_child_starts(tmp_path: Path) -> None:
+    spec = budget_spec(256)
+    spec = spec.model_copy(update={"validation": spec.validation.model_copy(update={"memory_limit_mib": 512})})
+    with pytest.raises(SpecError, match=r"\[256, 1024, 1024\] .* takes 1,024 MiB, more than the 512 MiB of "
+                                        r"validation\.memory_limit_mib"):
+        validate_program(spec, tmp_path / "no-bundle", [], scratch_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
