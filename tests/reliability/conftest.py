@@ -87,15 +87,14 @@ def record_parser() -> Callable[[str, int, int], None]:
 
 
 def _parser_summary(write: Callable[[str], None]) -> None:
-    width = max(len(run.parser) for run in PARSER_RUNS)
+    # A violation fails the test before its row is written, so every written row has 0 violations.
+    rows: list[tuple[Any, ...]] = [(r.parser, r.seen, r.refused, r.seen - r.refused, 0) for r in PARSER_RUNS]
+    rows.append(("total", *(sum(column) for column in list(zip(*rows))[1:])))
+    width = max(len(row[0]) for row in rows)
     write("")
     write("parser property tests (a row is written once every generated input kept the invariants)")
-    write(f"{'parser':<{width}} {'inputs':>7} {'refused':>7} {'accepted':>8} {'violations':>10}")
-    for run in PARSER_RUNS:
-        # A violation fails the test before its row is written: a written row has none.
-        write(f"{run.parser:<{width}} {run.seen:>7} {run.refused:>7} {run.seen - run.refused:>8} {0:>10}")
-    write(f"{'total':<{width}} {sum(r.seen for r in PARSER_RUNS):>7} {sum(r.refused for r in PARSER_RUNS):>7} "
-          f"{sum(r.seen - r.refused for r in PARSER_RUNS):>8} {0:>10}")
+    for row in [("parser", "inputs", "refused", "accepted", "violations"), *rows]:
+        write(f"{row[0]:<{width}} " + " ".join(f"{value:>10}" for value in row[1:]))
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
