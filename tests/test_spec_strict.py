@@ -56,6 +56,8 @@ def refusal(data: dict[str, Any]) -> str:
         (with_input(dynamic={0: {"min": 0, "max": 8}}), f"{INPUT}.dynamic.0.min", "greater than or equal to 1 (got 0)"),
         (with_input(dynamic={"x": {"min": 2, "max": 8}}), f"{INPUT}.dynamic.x.[key]", "valid integer (got 'x')"),
         (spec_data(validation={"samples": True}), "validation.samples", "valid integer (got True)"),
+        (spec_data(name="m\n"), "name", "'m\\n' is not a valid name"),
+        (spec_data(version="1\n"), "version", "'1\\n' is not a valid name"),
         (spec_data(validation={"samples": 2.0}), "validation.samples", "valid integer (got 2.0)"),
         (spec_data(validation={"samples": "2"}), "validation.samples", "valid integer (got '2')"),
         (spec_data(validation={"seed": -1}), "validation.seed", "greater than or equal to 0 (got -1)"),
