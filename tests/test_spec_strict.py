@@ -138,9 +138,11 @@ def test_input_budget_counts_every_dynamic_dim_at_its_max() -> None:
 
 
 def test_export_refuses_an_input_over_budget_before_any_child_starts(tmp_path: Path) -> None:
-    spec = budget_spec(2**20).model_copy(update={"export_memory_limit_mib": 1024})
+    spec = budget_spec(2**20)  # 4 TiB at its largest
+    roomy = spec.validation.model_copy(update={"memory_limit_mib": 2**23})
+    spec = spec.model_copy(update={"export_memory_limit_mib": 1024, "validation": roomy})
     with pytest.raises(SpecError, match=r"takes 4,194,304 MiB, more than the 1,024 MiB of export_memory_limit_mib"):
-        export_program(spec, tmp_path / "out", memory_limit_mib=spec.export_memory_limit_mib)
+        export_program(spec, tmp_path / "out")
     # Refused before fresh_export_dir: no export directory, no child, nothing written.
     assert not (tmp_path / "out").exists()
     # No export limit, but validation (next in every build) would hold 4 TiB in its default 8 GiB.

@@ -102,9 +102,10 @@ def fresh_export_dir(spec: BuildSpec, output_root: Path) -> Path:
 
 def export_program(spec: BuildSpec, output_root: Path, memory_limit_mib: int | None = None) -> ExportedProgramDir:
     """Export ``spec`` into a fresh directory under ``output_root``; on failure nothing is left behind."""
-    check_input_budget(spec, memory_limit_mib * 2**20 if memory_limit_mib else None, "export_memory_limit_mib")
-    # Validation follows every export: an input its child cannot hold is refused before the export runs.
-    check_input_budget(spec, spec.validation.memory_limit_mib * 2**20, "validation.memory_limit_mib")
+    # Validation follows every export: an input either child cannot hold is refused before the first one starts.
+    for mib, field in ((spec.export_memory_limit_mib, "export_memory_limit_mib"),
+                       (spec.validation.memory_limit_mib, "validation.memory_limit_mib")):
+        check_input_budget(spec, mib * 2**20 if mib else None, field)
     out_dir = fresh_export_dir(spec, output_root)
     try:
         return run_isolated(
