@@ -22,12 +22,10 @@ from prefect_executorch.errors import SpecError
 from prefect_executorch.spec import is_safe_name
 from prefect_executorch.toolchain import Toolchain
 
-# re.ASCII: a bare \d would also match the digits of other scripts ("cu13٢").
-_CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)$", re.ASCII)
+_CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)$")
 _GPU_RE = re.compile(
     r"^(?P<channel>cu\d{3})-sm(?P<sm>\d{2,3})(?P<plus>plus)?"
-    r"(?:-trt(?:(?P<trt>\d+(?:\.\d+)*)|(?P<any>-any)))?-(?P<arch>[a-z0-9_]+)$",
-    re.ASCII,
+    r"(?:-trt(?:(?P<trt>\d+(?:\.\d+)*)|(?P<any>-any)))?-(?P<arch>[a-z0-9_]+)$"
 )
 
 
@@ -55,10 +53,11 @@ class Fit(BaseModel):
 
 def parse_compat(key: str) -> Compat:
     """Parse ``key`` or raise ``SpecError`` naming the two accepted shapes."""
-    # A compat key is a segment of a bundle key, so it obeys the same rule (length, no '..').
-    if is_safe_name(key) and (match := _CPU_RE.fullmatch(key)):
+    # A compat key is a segment of a bundle key, so it obeys that rule too: it also keeps out what the
+    # regexes let through ("$" matches before a final newline, \d matches other scripts' digits).
+    if is_safe_name(key) and (match := _CPU_RE.match(key)):
         return Compat(key=key, kind="cpu", backend=match["backend"], arch=match["arch"])
-    if is_safe_name(key) and (match := _GPU_RE.fullmatch(key)):
+    if is_safe_name(key) and (match := _GPU_RE.match(key)):
         return Compat(
             key=key, kind="gpu", arch=match["arch"], cuda_channel=match["channel"], sm=int(match["sm"]),
             sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_any=bool(match["any"]),
