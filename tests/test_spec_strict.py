@@ -32,7 +32,8 @@ def refusal(data: dict[str, Any]) -> str:
 @pytest.mark.parametrize(
     ("data", "field", "message"),
     [
-        (with_input(name=""), f"{INPUT}.name", "'' is not a valid input name; use 1-64 letters"),
+        (with_input(name=""), f"{INPUT}.name", "'' is not a valid input name; use an ASCII identifier"),
+        (with_input(name="input-ids"), f"{INPUT}.name", "'input-ids' is not a valid input name"),
         (with_input(name="x | y"), f"{INPUT}.name", "'x | y' is not a valid input name"),
         (with_input(name="a\nb"), f"{INPUT}.name", "is not a valid input name"),
         (with_input(shape=[2**63]), f"{INPUT}.shape.0", "less than or equal to 2147483647 (got 9223372036854775808)"),
@@ -55,6 +56,18 @@ def refusal(data: dict[str, Any]) -> str:
         (with_input(dynamic={0: {"min": 2, "max": 2**40}}), f"{INPUT}.dynamic.0.max", "less than or equal to 2147483647"),
         (with_input(dynamic={0: {"min": 0, "max": 8}}), f"{INPUT}.dynamic.0.min", "greater than or equal to 1 (got 0)"),
         (with_input(dynamic={"x": {"min": 2, "max": 8}}), f"{INPUT}.dynamic.x.[key]", "valid integer (got 'x')"),
+        (with_input(dynamic={0: {"min": 4, "max": 4}}), f"{INPUT}.dynamic.0", "min (4) must be < max (4)"),
+        (with_input(dynamic={0: {"min": 2, "max": 8, "name": "a b"}}), f"{INPUT}.dynamic.0.name",
+         "'a b' is not a valid dim name"),
+        (spec_data(methods={"forward": {"inputs": [
+            {"name": "a", "shape": [4], "dynamic": {0: {"min": 2, "max": 8, "name": "batch"}}},
+            {"name": "b", "shape": [4], "dynamic": {0: {"min": 2, "max": 16, "name": "batch"}}}]}}),
+         "methods.forward.inputs", "dynamic dims named 'batch' must share one range and one example size; found "
+         "[2, 8] at size 4 and [2, 16] at size 4"),
+        (spec_data(methods={"forward": {"inputs": [
+            {"name": "a", "shape": [4], "dynamic": {0: {"min": 2, "max": 8, "name": "batch"}}},
+            {"name": "b", "shape": [3], "dynamic": {0: {"min": 2, "max": 8, "name": "batch"}}}]}}),
+         "methods.forward.inputs", "[2, 8] at size 4 and [2, 8] at size 3"),
         (spec_data(validation={"samples": True}), "validation.samples", "valid integer (got True)"),
         (spec_data(name="m\n"), "name", "'m\\n' is not a valid name"),
         (spec_data(version="1\n"), "version", "'1\\n' is not a valid name"),
@@ -110,11 +123,11 @@ def test_yaml_spellings_that_pydantic_used_to_coerce(tmp_path: Path) -> None:
 def test_sensible_edges_are_accepted() -> None:
     spec = parse_spec(spec_data(methods={"forward": {"inputs": [
         {"name": "ids", "shape": [2, 2**31 - 1], "dtype": "int8", "low": -128, "high": 128},
-        {"name": "x_2.b-c", "shape": [3], "dtype": "float16", "low": -65504, "high": 0},
+        {"name": "_x2", "shape": [3], "dtype": "float16", "low": -65504, "high": 0},
         {"name": "mask", "shape": [4], "dynamic": {"0": {"min": 2, "max": 2**31 - 1}}, "dtype": "bool"},
     ]}}, validation={"seed": 2**63 - 1, "samples": 1}))
     inputs = spec.methods["forward"].inputs
-    assert [i.name for i in inputs] == ["ids", "x_2.b-c", "mask"]
+    assert [i.name for i in inputs] == ["ids", "_x2", "mask"]
     assert inputs[2].bounds() == [(2, 2**31 - 1)]
     assert parse_spec(json.loads(spec.canonical_json())) == spec
 

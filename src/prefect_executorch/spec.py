@@ -59,10 +59,10 @@ DTYPE_SIZES: dict[str, int] = {
 MAX_DIM = 2**31 - 1
 #: A shape dimension or dynamic bound: [1, 2^31-1].
 Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
-#: Input names appear in reports (markdown tables) and error messages: a plain word, no spaces or markup.
-INPUT_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
-#: Method names become ExecuTorch method names and module attributes: ASCII identifiers.
-_METHOD_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+#: Method, input and dynamic-dim names: ASCII identifiers. Methods become ExecuTorch method names and module
+#: attributes, dim names (default ``<input>_dim<i>``) torch.export symbols, which must be identifiers; and
+#: input names appear in reports (markdown tables) and error messages, where a plain word is safe.
+_IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _DECIMAL_RE = re.compile(r"^(0|[1-9][0-9]{0,9})$")
 
 
@@ -85,12 +85,12 @@ def check_name(value: str, field: str) -> str:
     return value
 
 
-def check_method_name(value: str) -> str:
+def check_identifier(value: str, what: str) -> str:
     """Return ``value`` if it is an ASCII identifier and no Python keyword, else raise ``ValueError``."""
-    if not _METHOD_NAME_RE.fullmatch(value) or keyword.iskeyword(value):
+    if not _IDENTIFIER_RE.fullmatch(value) or keyword.iskeyword(value):
         raise ValueError(
-            f"{value!r} is not a valid method name; use an ASCII identifier (letters, digits, '_', not starting "
-            "with a digit, at most 128 characters) that is not a Python keyword"
+            f"{value!r} is not a valid {what}; use an ASCII identifier (letters, digits, '_', not starting "
+            "with a digit, at most 64 characters) that is not a Python keyword"
         )
     return value
 
@@ -110,10 +110,17 @@ class DynamicDim(StrictModel):
     opt: Dim | None = Field(None, description="Typical size; defaults to the size in `shape`.")
     name: str | None = Field(None, description="Shared name: dims with the same name are one symbol.")
 
+    @field_validator("name")
+    @classmethod
+    def _symbol(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value, "dim name")
+
     @model_validator(mode="after")
     def _ordered(self) -> DynamicDim:
-        if self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        if self.min >= self.max:
+            # torch.export.Dim refuses min == max too: a size that cannot vary is not dynamic.
+            raise ValueError(f"min ({self.min}) must be < max ({self.max}); for a fixed size, remove the dim from "
+                             "dynamic")
         if self.opt is not None and not self.min <= self.opt <= self.max:
             raise ValueError(f"opt ({self.opt}) must lie within [min, max] = [{self.min}, {self.max}]")
         return self
@@ -139,12 +146,7 @@ class InputSpec(StrictModel):
     @field_validator("name")
     @classmethod
     def _report_safe(cls, value: str) -> str:
-        if not re.fullmatch(INPUT_NAME_PATTERN, value):
-            raise ValueError(
-                f"{value!r} is not a valid input name; use 1-64 letters, digits, '_', '.' or '-', "
-                "starting with a letter or '_'"
-            )
-        return value
+        return check_identifier(value, "input name")
 
     @field_validator("dynamic", mode="before")
     @classmethod
@@ -265,12 +267,24 @@ class MethodSpec(StrictModel):
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"input names must be unique within a method; {repeated} appear more than once")
+        shared: dict[str, tuple[int, int, int]] = {}
+        for spec in inputs:
+            for index, dim in spec.dynamic.items():
+                # One name is one torch.export symbol: one range (a second would be silently dropped) and
+                # one example size (torch.export refuses two).
+                seen = (dim.min, dim.max, spec.shape[index])
+                first = shared.setdefault(dim.name or f"{spec.name}_dim{index}", seen)
+                if first != seen:
+                    raise ValueError(
+                        f"dynamic dims named {dim.name!r} must share one range and one example size; found "
+                        f"[{first[0]}, {first[1]}] at size {first[2]} and [{dim.min}, {dim.max}] at size "
+                        f"{spec.shape[index]} (input {spec.name!r} dim {index}); make them equal or rename one")
         return inputs
 
     @field_validator("attribute")
     @classmethod
     def _attribute_name(cls, value: str | None) -> str | None:
-        return None if value is None else check_method_name(value)
+        return None if value is None else check_identifier(value, "method name")
 
 
 class Tolerance(StrictModel):
@@ -469,7 +483,7 @@ class BuildSpec(StrictModel):
     @classmethod
     def _method_names(cls, methods: dict[str, MethodSpec]) -> dict[str, MethodSpec]:
         for name in methods:
-            check_method_name(name)
+            check_identifier(name, "method name")
         return methods
 
     @model_validator(mode="after")

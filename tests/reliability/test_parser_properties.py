@@ -40,8 +40,7 @@ Record = Callable[[str, int, int], None]
 
 #: The rules, restated here rather than imported, so a loosened rule in the code fails these tests.
 SEGMENT = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
-INPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
-METHOD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 MAX_DIM = 2**31 - 1
@@ -77,7 +76,7 @@ NONSENSE = st.one_of(
 )
 SIZE = st.one_of(st.integers(1, 16), st.integers(1, 16), NONSENSE)
 NUMBER = st.one_of(st.integers(-300, 300), st.floats(-1e3, 1e3), NONSENSE)
-NAMEISH = st.one_of(st.from_regex(INPUT_NAME, fullmatch=True), st.text(max_size=5), NONSENSE)
+NAMEISH = st.one_of(st.from_regex(IDENTIFIER, fullmatch=True), st.text(max_size=5), NONSENSE)
 SEGMENTISH = st.one_of(st.from_regex(SEGMENT, fullmatch=True).map(lambda s: s[:12]), st.text(max_size=6),
                        st.sampled_from(["aliases", "..", ".", "a..b", "X", "x\n", "a/b", ""]))
 
@@ -115,7 +114,7 @@ NONSENSE_SPEC = st.fixed_dictionaries(
 )
 #: Specs a careful user writes (mostly accepted), so that acceptance and round trips are exercised too.
 SENSIBLE_INPUT = st.fixed_dictionaries(
-    {"name": st.from_regex(INPUT_NAME, fullmatch=True), "shape": st.lists(st.integers(2, 16), max_size=4)},
+    {"name": st.from_regex(IDENTIFIER, fullmatch=True), "shape": st.lists(st.integers(2, 16), max_size=4)},
     optional={"dtype": st.sampled_from(DTYPES), "low": st.integers(-5, 0), "high": st.integers(1, 100),
               "dynamic": st.dictionaries(st.integers(0, 3), st.fixed_dictionaries(
                   {"min": st.integers(1, 2), "max": st.integers(16, MAX_DIM)}), max_size=2)},
@@ -143,12 +142,13 @@ def is_segment(value: object) -> bool:
 
 def assert_sensible_input(spec: InputSpec, others: list[str]) -> None:
     """Invariants of an accepted input."""
-    assert INPUT_NAME.fullmatch(spec.name) and others.count(spec.name) == 1
+    assert IDENTIFIER.fullmatch(spec.name) and not keyword.iskeyword(spec.name) and others.count(spec.name) == 1
     assert spec.dtype in DTYPES
     assert all(type(size) is int and 1 <= size <= MAX_DIM for size in spec.shape)
     for index, dim in spec.dynamic.items():
         assert type(index) is int and 0 <= index < len(spec.shape)
-        assert all(type(b) is int for b in (dim.min, dim.max)) and 1 <= dim.min <= dim.max <= MAX_DIM
+        assert all(type(b) is int for b in (dim.min, dim.max)) and 1 <= dim.min < dim.max <= MAX_DIM
+        assert dim.name is None or (IDENTIFIER.fullmatch(dim.name) and not keyword.iskeyword(dim.name))
         assert 2 <= spec.shape[index] and dim.min <= spec.shape[index] <= dim.max
     bounds = [b for b in (spec.low, spec.high) if b is not None]
     assert all(type(b) is float and math.isfinite(b) for b in bounds)
@@ -170,11 +170,16 @@ def assert_sensible_spec(spec: BuildSpec) -> None:
     """Invariants of an accepted spec."""
     assert is_segment(spec.name) and is_segment(spec.version)
     for name, method in spec.methods.items():
-        assert METHOD_NAME.fullmatch(name) and not keyword.iskeyword(name)
+        assert IDENTIFIER.fullmatch(name) and not keyword.iskeyword(name)
         assert method.inputs
         names = [i.name for i in method.inputs]
+        symbols: dict[str, tuple[int, int, int]] = {}
         for spec_input in method.inputs:
             assert_sensible_input(spec_input, names)
+            for index, dim in spec_input.dynamic.items():
+                # A torch.export symbol has one range and one example size.
+                seen = (dim.min, dim.max, spec_input.shape[index])
+                assert symbols.setdefault(dim.name or f"{spec_input.name}_dim{index}", seen) == seen
     validation = spec.validation
     assert type(validation.samples) is int and 1 <= validation.samples <= 1000
     assert type(validation.seed) is int and validation.seed >= 0
@@ -414,7 +419,7 @@ def test_bundle_keys_and_manifest_urls(record_parser: Record) -> None:
     record_parser("bundle key / manifest URL", tally.seen, tally.refused)
 
 
-@settings(max_examples=40)  # an S3Store builds a boto3 client (~0.1 s)
+@settings(max_examples=30)  # an S3Store builds a boto3 client (~0.1 s)
 @example("s3://Bucket/x")
 @example("s3://ééé/x")
 @example("s3://bucket/a/../b")
@@ -486,7 +491,7 @@ def cli_arguments() -> st.SearchStrategy[list[str]]:
     )
 
 
-@settings(max_examples=40)  # each is a whole CLI invocation (~0.2 s)
+@settings(max_examples=30)  # each is a whole CLI invocation (~0.2 s)
 @example(["ls", "x\n"])
 @example(["promote", "m", "1", "--alias", "../prod"])
 @example(["gc", "m", "--grace-hours", "nan"])
