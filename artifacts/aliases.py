@@ -13,7 +13,7 @@ import logging
 import uuid
 from datetime import datetime, timezone
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 
 from prefect_executorch.artifacts.manifest import ALIASES_DIR, BundleKey, user_at_host
 from prefect_executorch.artifacts.registry import list_bundles, read_manifest
@@ -21,6 +21,7 @@ from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import (
     BundleConflict,
     BundleNotFound,
+    IntegrityError,
     ObjectExists,
     PreconditionFailed,
     StoreError,
@@ -38,7 +39,14 @@ class AliasTarget(BaseModel):
     version: str
     target: str
     compat: str
-    manifest_sha256: str = Field(description="sha256 of the bundle's manifest.json; pins the whole bundle.")
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
+                                 description="sha256 of the bundle's manifest.json; pins the whole bundle.")
+
+    @field_validator("version", "target", "compat", "name", "alias", check_fields=False)
+    @classmethod
+    def _segment(cls, value: str, info: ValidationInfo) -> str:
+        # These become store keys when the alias is followed: the same rule as a bundle key's segments.
+        return check_name(value, str(info.field_name))
 
 
 class AliasRecord(AliasTarget):
@@ -73,18 +81,31 @@ def history_prefix(name: str, alias: str) -> str:
     return f"{check_name(name, 'name')}/{ALIASES_DIR}/{check_name(alias, 'alias')}.history/"
 
 
+def parse_alias(data: bytes, where: str) -> AliasRecord:
+    """An alias record from its stored bytes; ``IntegrityError`` if they are not one."""
+    try:
+        return AliasRecord.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        location = ".".join(str(part) for part in first["loc"]) or "record"
+        raise IntegrityError(
+            f"{where} is not a valid alias record ({location}: {first['msg'].removeprefix('Value error, ')}); "
+            "the object is corrupt or was edited by hand: promote again to rewrite it") from None
+
+
 def read_alias(store: ObjectStore, name: str, alias: str) -> tuple[AliasRecord, str] | None:
     """The alias and its etag, or None if it was never set."""
+    key = alias_key(name, alias)
     try:
-        data, etag = store.get_bytes(alias_key(name, alias))
+        data, etag = store.get_bytes(key)
     except BundleNotFound:
         return None
-    return AliasRecord.model_validate_json(data), etag
+    return parse_alias(data, key), etag
 
 
 def alias_history(store: ObjectStore, name: str, alias: str) -> list[AliasRecord]:
     """Every move of the alias, oldest first."""
-    records = [AliasRecord.model_validate_json(store.get_bytes(info.key)[0])
+    records = [parse_alias(store.get_bytes(info.key)[0], info.key)
                for info in store.list(history_prefix(name, alias))]
     return sorted(records, key=lambda record: record.moved_at)
 

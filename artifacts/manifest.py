@@ -27,6 +27,14 @@ CLAIM_FILE = ".publishing"
 SCHEMA_VERSION = 2
 
 
+def key_segment(value: str, field: str) -> str:
+    """Return ``value`` if it can be segment ``field`` of a bundle key, else raise ``SpecError``."""
+    check_name(value, field)
+    if field == "version" and value == ALIASES_DIR:
+        raise SpecError(f"version: {value!r} is reserved for the aliases of a model; choose another version")
+    return value
+
+
 class BundleKey(BaseModel):
     """Where a bundle lives: ``<name>/<version>/<target>/<compat>`` under the store's prefix."""
 
@@ -38,10 +46,7 @@ class BundleKey(BaseModel):
     @field_validator("name", "version", "target", "compat")
     @classmethod
     def _segment(cls, value: str, info: Any) -> str:
-        check_name(value, info.field_name)
-        if info.field_name == "version" and value == ALIASES_DIR:
-            raise SpecError(f"version: {value!r} is reserved for the aliases of a model; choose another version")
-        return value
+        return key_segment(value, info.field_name)
 
     @classmethod
     def of(cls, name: str, version: str, target: str, compat: str) -> BundleKey:
@@ -65,8 +70,8 @@ class FileEntry(BaseModel):
     """One file of a bundle."""
 
     path: str = Field(description="File name inside the bundle directory.")
-    size: int
-    sha256: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     role: str = Field(description="'program', 'data' (.ptd) or 'report'.")
 
     @field_validator("path")
@@ -107,6 +112,12 @@ class Manifest(BaseModel):
     validation: ValidationSummary
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")
+
+    @field_validator("name", "version", "target", "compat")
+    @classmethod
+    def _segment(cls, value: str, info: Any) -> str:
+        # A manifest names its own key: a segment no key may have is a corrupt manifest, refused on read.
+        return key_segment(value, info.field_name)
 
     @property
     def key(self) -> BundleKey:

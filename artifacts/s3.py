@@ -23,6 +23,7 @@ import hashlib
 import logging
 import math
 import random
+import re
 import sys
 import threading
 import time
@@ -149,8 +150,8 @@ def _status(exc: ClientError) -> int:
 
 def check_bucket(bucket: str) -> str:
     """Refuse bucket names S3 would refuse, before any request."""
-    ok = 3 <= len(bucket) <= 63 and bucket[0].isalnum() and bucket[-1].isalnum() and all(
-        c.islower() or c.isdigit() or c in ".-" for c in bucket) and ".." not in bucket
+    # ASCII only: str.islower()/isdigit() also accept letters and digits of other scripts, which S3 refuses.
+    ok = re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket) is not None and ".." not in bucket
     if not ok:
         raise SpecError(f"store URL: bucket {bucket!r} is not a valid S3 bucket name; use {_BUCKET_RE_HINT}")
     return bucket

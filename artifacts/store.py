@@ -123,7 +123,10 @@ class LocalStore(ObjectStore):
     """A directory with the same layout as the S3 store; etags are content sha256s."""
 
     def __init__(self, root: str | Path) -> None:
-        self.root = Path(root).expanduser().resolve()
+        try:
+            self.root = Path(root).expanduser().resolve()
+        except RuntimeError as exc:  # "~someone" for a user this machine does not know
+            raise SpecError(f"store: cannot resolve the directory {str(root)!r} ({exc}); give an absolute path") from None
         self.url = str(self.root)
 
     def _path(self, key: str) -> Path:

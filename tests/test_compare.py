@@ -110,8 +110,8 @@ def test_normal_values_center_on_the_range() -> None:
 @pytest.mark.parametrize("fields, message", [
     ({"dtype": "bool", "low": 0}, "low cannot be set for a bool input"),
     ({"dtype": "int64", "distribution": "normal"}, "distribution 'normal' needs a float dtype"),
-    ({"dtype": "int64", "low": 0.5}, "low (0.5) must be a whole number"),
-    ({"dtype": "uint8", "low": -1, "high": 3}, "does not fit uint8"),
+    ({"dtype": "int64", "low": 0.5}, "low: 0.5 must be a whole number"),
+    ({"dtype": "uint8", "low": -1, "high": 3}, "low: -1 must be a whole number within [0, 255] for uint8"),
     ({"distribution": "normal", "low": 0}, "needs both low and high"),
 ])
 def test_bad_value_ranges_are_refused(fields: dict, message: str) -> None:

@@ -50,7 +50,7 @@ def test_bad_dtype_lists_the_choices() -> None:
 def test_dynamic_min_above_max_is_refused() -> None:
     inputs = [{"name": "x", "shape": [4, 3], "dynamic": {0: {"min": 8, "max": 2}}}]
     message = _error(spec_data(methods={"forward": {"inputs": inputs}}))
-    assert "min (8) must be <= max (2)" in message
+    assert "min (8) must be < max (2)" in message
 
 
 def test_dynamic_example_outside_range_is_refused() -> None:

@@ -305,10 +305,15 @@ def gc_command(
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
     """Find objects of bundles that never got a manifest, and unfinished uploads, older than the grace period."""
+    import math
     from datetime import timedelta
 
     from prefect_executorch.artifacts.gc import gc
+    from prefect_executorch.errors import SpecError
 
+    # click's min=0 lets nan through (no comparison with nan is true), and timedelta overflows past ~10^10 h.
+    if not math.isfinite(grace_hours) or grace_hours > 24 * 366 * 100:
+        raise SpecError(f"--grace-hours: expected a number of hours in [0, {24 * 366 * 100}], got {grace_hours}")
     report = gc(_open(store, endpoint_url), name, grace=timedelta(hours=grace_hours), apply=apply)
     verb = "removed" if apply else "would remove"
     for info in report.orphans:

@@ -21,6 +21,7 @@ from packaging.version import Version
 from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import SpecError
+from prefect_executorch.spec import is_safe_name
 from prefect_executorch.toolchain import Toolchain
 from prefect_executorch.versions import parse_version
 
@@ -55,9 +56,11 @@ class Fit(BaseModel):
 
 def parse_compat(key: str) -> Compat:
     """Parse ``key`` or raise ``SpecError`` naming the two accepted shapes."""
-    if match := _CPU_RE.match(key):
+    # A compat key is a segment of a bundle key, so it obeys that rule too: it also keeps out what the
+    # regexes let through ("$" matches before a final newline, \d matches other scripts' digits).
+    if is_safe_name(key) and (match := _CPU_RE.match(key)):
         return Compat(key=key, kind="cpu", backend=match["backend"], arch=match["arch"])
-    if match := _GPU_RE.match(key):
+    if is_safe_name(key) and (match := _GPU_RE.match(key)):
         return Compat(
             key=key, kind="gpu", arch=match["arch"], cuda_channel=match["channel"], sm=int(match["sm"]),
             sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_or_newer=bool(match["trt_plus"]),

@@ -15,7 +15,7 @@ from prefect_executorch.errors import ChildProcessFailed, ExportFailed
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.program import MethodFacts, read_program
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec import BuildSpec, check_input_budget
 from prefect_executorch.targets import PROGRAM_FILE, get_target
 
 
@@ -105,6 +105,12 @@ def export_program(spec: BuildSpec, output_root: Path) -> ExportedProgramDir:
 
     The child is bounded as the target says (``export_memory_limit_mib``, else the target's default).
     """
+    target = get_target(spec.target_name)
+    bounds = {"export_memory_limit_mib": target.memory_limit("export", spec.export_memory_limit_mib),
+              "validation.memory_limit_mib": target.memory_limit("validate", spec.validation.memory_limit_mib)}
+    # Validation follows every export: an input either child cannot hold is refused before the first one starts.
+    for field, bound in bounds.items():
+        check_input_budget(spec, bound.mib * 2**20 if bound else None, field)
     out_dir = fresh_export_dir(spec, output_root)
     try:
         return run_isolated(
@@ -113,7 +119,7 @@ def export_program(spec: BuildSpec, output_root: Path) -> ExportedProgramDir:
             ExportedProgramDir,
             timeout_s=spec.export_timeout_s,
             scratch_dir=output_root,
-            memory_limit=get_target(spec.target_name).memory_limit("export", spec.export_memory_limit_mib),
+            memory_limit=bounds["export_memory_limit_mib"],
             what=f"export of {spec.name} {spec.version} for {spec.target_name}",
         )
     except ChildProcessFailed as exc:

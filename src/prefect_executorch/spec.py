@@ -5,12 +5,22 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import keyword
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from prefect_executorch.errors import SpecError
 from prefect_executorch.modelref import module_source
@@ -35,6 +45,25 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "int32": (-(2**31), 2**31 - 1),
     "int64": (-(2**63), 2**63 - 1),
 }
+#: Largest finite value of the float dtypes, for checking low/high.
+FLOAT_MAX: dict[str, float] = {
+    "float32": 3.4028234663852886e38,
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+}
+#: Bytes per element of each dtype, for the input-size budget.
+DTYPE_SIZES: dict[str, int] = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int8": 1, "uint8": 1, "bool": 1,
+}
+#: Largest size of one dimension: torch.export and ExecuTorch hold sizes as 32-bit signed ints.
+MAX_DIM = 2**31 - 1
+#: A shape dimension or dynamic bound: [1, 2^31-1].
+Dim = Annotated[int, Field(ge=1, le=MAX_DIM)]
+#: Method, input and dynamic-dim names: ASCII identifiers. Methods become ExecuTorch method names and module
+#: attributes, dim names (default ``<input>_dim<i>``) torch.export symbols, which must be identifiers; and
+#: input names appear in reports (markdown tables) and error messages, where a plain word is safe.
+_IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_DECIMAL_RE = re.compile(r"^(0|[1-9][0-9]{0,9})$")
 
 
 NAME_RULE = (
@@ -45,7 +74,8 @@ NAME_RULE = (
 
 def is_safe_name(value: object) -> bool:
     """Whether ``value`` can be one path segment of a bundle key."""
-    return isinstance(value, str) and bool(_NAME_RE.match(value)) and ".." not in value
+    # fullmatch: "$" also matches before a final newline, which would let "name\n" through.
+    return isinstance(value, str) and bool(_NAME_RE.fullmatch(value)) and ".." not in value
 
 
 def check_name(value: str, field: str) -> str:
@@ -55,24 +85,42 @@ def check_name(value: str, field: str) -> str:
     return value
 
 
-class StrictModel(BaseModel):
-    """Base of every spec model: unknown fields are an error."""
+def check_identifier(value: str, what: str) -> str:
+    """Return ``value`` if it is an ASCII identifier and no Python keyword, else raise ``ValueError``."""
+    if not _IDENTIFIER_RE.fullmatch(value) or keyword.iskeyword(value):
+        raise ValueError(
+            f"{value!r} is not a valid {what}; use an ASCII identifier (letters, digits, '_', not starting "
+            "with a digit, at most 64 characters) that is not a Python keyword"
+        )
+    return value
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+class StrictModel(BaseModel):
+    """Base of every spec model: unknown fields are an error, no value is coerced, every float is finite."""
+
+    # strict: `samples: true` is not 1 and `atol: "0.1"` is not 0.1; a spec says what it means or is refused.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class DynamicDim(StrictModel):
     """Range of a dynamic dimension; dims sharing a ``name`` vary together."""
 
-    min: int = Field(ge=1, description="Smallest size the program must accept.")
-    max: int = Field(ge=1, description="Largest size the program must accept.")
-    opt: int | None = Field(None, ge=1, description="Typical size; defaults to the size in `shape`.")
+    min: Dim = Field(description="Smallest size the program must accept.")
+    max: Dim = Field(description="Largest size the program must accept.")
+    opt: Dim | None = Field(None, description="Typical size; defaults to the size in `shape`.")
     name: str | None = Field(None, description="Shared name: dims with the same name are one symbol.")
+
+    @field_validator("name")
+    @classmethod
+    def _symbol(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value, "dim name")
 
     @model_validator(mode="after")
     def _ordered(self) -> DynamicDim:
-        if self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        if self.min >= self.max:
+            # torch.export.Dim refuses min == max too: a size that cannot vary is not dynamic.
+            raise ValueError(f"min ({self.min}) must be < max ({self.max}); for a fixed size, remove the dim from "
+                             "dynamic")
         if self.opt is not None and not self.min <= self.opt <= self.max:
             raise ValueError(f"opt ({self.opt}) must lie within [min, max] = [{self.min}, {self.max}]")
         return self
@@ -82,7 +130,7 @@ class InputSpec(StrictModel):
     """One positional input of a method."""
 
     name: str = Field(description="Input name, used in reports and error messages.")
-    shape: list[int] = Field(description="Example shape used for export (and the 'opt' shape).")
+    shape: list[Dim] = Field(description="Example shape used for export (and the 'opt' shape).")
     dtype: Dtype = "float32"
     dynamic: dict[int, DynamicDim] = Field(default_factory=dict, description="Dynamic dims by index.")
     low: float | None = Field(None, description="Lower bound of random values (default -1, or 0 for ints).")
@@ -95,30 +143,70 @@ class InputSpec(StrictModel):
         "midpoint, std (high - low) / 6, clipped to [low, high].",
     )
 
-    @field_validator("shape")
+    @field_validator("name")
     @classmethod
-    def _positive(cls, shape: list[int]) -> list[int]:
-        if any(d < 0 for d in shape):
-            raise ValueError(f"sizes must be >= 0, got {shape}")
-        return shape
+    def _report_safe(cls, value: str) -> str:
+        return check_identifier(value, "input name")
 
-    @model_validator(mode="after")
-    def _dims_in_range(self) -> InputSpec:
-        for index, dim in self.dynamic.items():
-            if not 0 <= index < len(self.shape):
-                raise ValueError(f"dynamic dim {index} is outside the shape {self.shape}")
-            if not dim.min <= self.shape[index] <= dim.max:
+    @field_validator("dynamic", mode="before")
+    @classmethod
+    def _json_keys(cls, value: Any) -> Any:
+        # JSON (a .json spec, a stored manifest) has only string keys: accept a dim index spelled in decimal.
+        if isinstance(value, dict):
+            return {int(k) if isinstance(k, str) and _DECIMAL_RE.fullmatch(k) else k: v for k, v in value.items()}
+        return value
+
+    @field_validator("dynamic")
+    @classmethod
+    def _dims_in_range(cls, dynamic: dict[int, DynamicDim], info: ValidationInfo) -> dict[int, DynamicDim]:
+        shape = info.data.get("shape")
+        if shape is None:
+            return dynamic
+        for index, dim in dynamic.items():
+            if not 0 <= index < len(shape):
                 raise ValueError(
-                    f"shape[{index}] = {self.shape[index]} must lie within the dynamic range "
-                    f"[{dim.min}, {dim.max}]"
+                    f"dim {index} is outside the shape {shape}; use an index in [0, {len(shape) - 1}]"
+                    if shape else f"dim {index}: the shape [] has no dims to make dynamic"
                 )
-            if self.shape[index] < 2:
+            if not dim.min <= shape[index] <= dim.max:
                 raise ValueError(
-                    f"shape[{index}] = {self.shape[index]}: torch.export specializes sizes 0 and 1, "
+                    f"shape[{index}] = {shape[index]} must lie within the dynamic range [{dim.min}, {dim.max}]"
+                )
+            if shape[index] < 2:
+                raise ValueError(
+                    f"shape[{index}] = {shape[index]}: torch.export specializes sizes 0 and 1, "
                     "so the example size of a dynamic dim must be >= 2"
                 )
-        if self.low is not None and self.high is not None and self.low >= self.high:
-            raise ValueError(f"low ({self.low}) must be < high ({self.high})")
+        return dynamic
+
+    @field_validator("low", "high")
+    @classmethod
+    def _within_dtype(cls, value: float | None, info: ValidationInfo) -> float | None:
+        dtype = info.data.get("dtype")
+        if value is None or dtype is None:
+            return value
+        if dtype in FLOAT_MAX and abs(value) > FLOAT_MAX[dtype]:
+            raise ValueError(f"{value!r} is outside the finite range of {dtype} "
+                             f"[{-FLOAT_MAX[dtype]:g}, {FLOAT_MAX[dtype]:g}]")
+        if dtype in INT_RANGES:
+            lowest, highest = INT_RANGES[dtype]
+            # high is exclusive for integers: an int8 input may draw up to 127 with high 128.
+            top = highest + 1 if info.field_name == "high" else highest
+            if value != int(value) or not lowest <= int(value) <= top:
+                found = int(value) if value == int(value) else value
+                raise ValueError(f"{found!r} must be a whole number within [{lowest}, {top}] for {dtype}"
+                                 + (" (high is exclusive)" if info.field_name == "high" else ""))
+        low = info.data.get("low")
+        if info.field_name == "high" and low is not None:
+            if low >= value:
+                raise ValueError(f"{value!r} must be > low ({low!r})")
+            if dtype in FLOAT_MAX and value - low > FLOAT_MAX[dtype]:
+                raise ValueError(f"high - low = {value - low:g} overflows {dtype} (largest {FLOAT_MAX[dtype]:g}), "
+                                 "so drawn values would be infinite; narrow the range")
+        return value
+
+    @model_validator(mode="after")
+    def _value_range(self) -> InputSpec:
         self._check_value_range()
         return self
 
@@ -129,7 +217,8 @@ class InputSpec(StrictModel):
             if given:
                 raise ValueError(f"{', '.join(given)} cannot be set for a bool input (values are 0 or 1); remove it")
             return
-        if self.dtype not in FLOAT_DTYPES or self.distribution == "int_range":
+        integer = self.dtype not in FLOAT_DTYPES or self.distribution == "int_range"
+        if integer:
             if self.distribution in ("uniform", "normal"):
                 raise ValueError(
                     f"distribution {self.distribution!r} needs a float dtype, got {self.dtype}; use int_range"
@@ -137,12 +226,12 @@ class InputSpec(StrictModel):
             for key, value in bounds.items():
                 if value is not None and value != int(value):
                     raise ValueError(f"{key} ({value}) must be a whole number for integer values")
-        if self.dtype in INT_RANGES:
-            lowest, highest = INT_RANGES[self.dtype]
-            low = int(self.low) if self.low is not None else 0
-            high = int(self.high) if self.high is not None else 10
-            if low < lowest or high > highest + 1:
-                raise ValueError(f"[low, high) = [{low}, {high}) does not fit {self.dtype} ([{lowest}, {highest}])")
+        # An unset bound takes its default (inputs.random_tensor), which can cross the one that is set.
+        low = self.low if self.low is not None else (0 if integer else -1.0)
+        high = self.high if self.high is not None else (10 if integer else 1.0)
+        if low >= high and self.distribution != "normal":
+            raise ValueError(f"low ({low}) must be < high ({high}) (unset, low is {0 if integer else -1} and high "
+                             f"{10 if integer else 1}); set both")
         if self.distribution == "normal" and (self.low is None) != (self.high is None):
             raise ValueError(
                 "distribution 'normal' needs both low and high (mean at the midpoint, clipped to the range) "
@@ -171,6 +260,32 @@ class MethodSpec(StrictModel):
     inputs: list[InputSpec] = Field(min_length=1)
     attribute: str | None = Field(None, description="Module method to export; defaults to the method name.")
 
+    @field_validator("inputs")
+    @classmethod
+    def _unique_names(cls, inputs: list[InputSpec]) -> list[InputSpec]:
+        names = [spec.name for spec in inputs]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"input names must be unique within a method; {repeated} appear more than once")
+        shared: dict[str, tuple[int, int, int]] = {}
+        for spec in inputs:
+            for index, dim in spec.dynamic.items():
+                # One name is one torch.export symbol: one range (a second would be silently dropped) and
+                # one example size (torch.export refuses two).
+                seen = (dim.min, dim.max, spec.shape[index])
+                first = shared.setdefault(dim.name or f"{spec.name}_dim{index}", seen)
+                if first != seen:
+                    raise ValueError(
+                        f"dynamic dims named {dim.name!r} must share one range and one example size; found "
+                        f"[{first[0]}, {first[1]}] at size {first[2]} and [{dim.min}, {dim.max}] at size "
+                        f"{spec.shape[index]} (input {spec.name!r} dim {index}); make them equal or rename one")
+        return inputs
+
+    @field_validator("attribute")
+    @classmethod
+    def _attribute_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value, "method name")
+
 
 class Tolerance(StrictModel):
     """Tolerances for float outputs; unset fields fall back to the next more general level."""
@@ -188,7 +303,7 @@ class MethodValidation(StrictModel):
     dataset: str | None = Field(default=None, description="'package.module:function' or 'path/file.py:function' returning an iterable of input tuples."
     )
     max_dataset_samples: int = Field(default=32, ge=1, description="How many samples to take from the dataset at most.")
-    extra_shapes: list[list[list[int]]] = Field(
+    extra_shapes: list[list[list[Dim]]] = Field(
         default_factory=list, description="More shapes to validate, each a list of one shape per input."
     )
     outputs: dict[str, Tolerance] = Field(
@@ -221,7 +336,7 @@ class ValidationSpec(StrictModel):
         default_factory=dict, description="Per method: user samples, extra shapes, output tolerances."
     )
     samples: int = Field(default=2, ge=1, le=1000, description="Seeded random input draws per shape.")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of the random inputs (torch.Generator).")
     latency_runs: int = Field(default=5, ge=0, le=100_000, description="Timed warm runs of eager and program per method.")
     latency_warmup: int = Field(default=2, ge=0, le=1000, description="Untimed runs before the timed ones.")
     max_latency_ratio: float | None = Field(default=None, gt=0, description="Gate: program median latency / eager median latency must not exceed this."
@@ -372,8 +487,7 @@ class BuildSpec(StrictModel):
     @classmethod
     def _method_names(cls, methods: dict[str, MethodSpec]) -> dict[str, MethodSpec]:
         for name in methods:
-            if not name.isidentifier():
-                raise ValueError(f"method name {name!r} must be a Python identifier")
+            check_identifier(name, "method name")
         return methods
 
     @model_validator(mode="after")
@@ -444,6 +558,23 @@ class BuildSpec(StrictModel):
             raise SpecError(f"weights: file {self.weights!r} does not exist")
 
 
+def check_input_budget(spec: BuildSpec, limit_bytes: int | None, limit_field: str) -> None:
+    """Raise ``SpecError`` if an input at its largest shape exceeds a child's memory limit (None: no limit)."""
+    if limit_bytes is None:
+        return
+    for method_name, method in spec.methods.items():
+        for index, spec_input in enumerate(method.inputs):
+            largest = [hi for _, hi in spec_input.bounds()]
+            size = math.prod(largest) * DTYPE_SIZES[spec_input.dtype]
+            if size > limit_bytes:
+                raise SpecError(
+                    f"methods.{method_name}.inputs.{index}: input {spec_input.name!r} at its largest shape {largest} "
+                    f"({spec_input.dtype}, every dynamic dim at its max) takes {size / 2**20:,.0f} MiB, more than the "
+                    f"{limit_bytes / 2**20:,.0f} MiB of {limit_field}; lower the shape or its dynamic max, or raise "
+                    f"{limit_field}"
+                )
+
+
 def _format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
@@ -451,8 +582,10 @@ def _format_validation_error(exc: ValidationError) -> str:
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown field; remove it or check its spelling"
-        elif err["type"] == "literal_error":
-            message = f"{message} (got {err.get('input')!r})"
+        elif err["type"] != "value_error" and isinstance(err.get("input"), (bool, int, float, str)):
+            # A strict refusal ("Input should be a valid integer") is only clear next to what was given.
+            found = repr(err["input"])
+            message = f"{message} (got {found if len(found) <= 80 else found[:77] + '...'})"
         lines.append(f"{location}: {message}")
     return "invalid build spec:\n  " + "\n  ".join(lines)
 
@@ -505,6 +638,7 @@ def load_spec(path: str | Path) -> BuildSpec:
         raise SpecError(f"spec: cannot read {str(path)!r}: {exc.strerror}") from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"spec: {str(path)!r} is not valid YAML/JSON: {exc}") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        # PyYAML raises ValueError for an impossible date (2026-13-45) and RecursionError for deep nesting.
+        raise SpecError(f"spec: {str(path)!r} is not valid YAML/JSON: {exc or type(exc).__name__}") from None
     return parse_spec(data, base_dir=path.parent)

@@ -24,7 +24,7 @@ from prefect_executorch.isolation import run_isolated
 from prefect_executorch.modelref import load_model, method_callable
 from prefect_executorch.report import CaseResult, GateResult, LatencyResult, ValidationReport
 from prefect_executorch.runtime import LoadedProgram
-from prefect_executorch.spec import BuildSpec, MethodValidation, ValidationSpec
+from prefect_executorch.spec import BuildSpec, MethodValidation, ValidationSpec, check_input_budget
 from prefect_executorch.targets import PROGRAM_FILE, get_target
 
 if TYPE_CHECKING:
@@ -252,6 +252,7 @@ def validate_program(
 ) -> ValidationReport:
     """Validate the program in ``bundle_dir`` against eager; a crash, hang or memory blow-up of the child fails it."""
     bound = get_target(spec.target_name).memory_limit("validate", spec.validation.memory_limit_mib)
+    check_input_budget(spec, bound.mib * 2**20 if bound else None, "validation.memory_limit_mib")
     try:
         report = run_isolated(
             "validate",

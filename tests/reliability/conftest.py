@@ -54,6 +54,18 @@ class Fault:
 FAULTS: list[Fault] = []
 
 
+@dataclass
+class ParserRun:
+    """Generated inputs one parser saw in a property test, and how many it refused with a typed error."""
+
+    parser: str
+    seen: int
+    refused: int
+
+
+PARSER_RUNS: list[ParserRun] = []
+
+
 @pytest.fixture
 def record_fault() -> Callable[..., None]:
     """Record a fault; call it after the assertions that prove it was survived."""
@@ -64,10 +76,33 @@ def record_fault() -> Callable[..., None]:
     return record
 
 
+@pytest.fixture
+def record_parser() -> Callable[[str, int, int], None]:
+    """Record a parser's property-test counts; call it after the property held for every input."""
+
+    def record(parser: str, seen: int, refused: int) -> None:
+        PARSER_RUNS.append(ParserRun(parser, seen, refused))
+
+    return record
+
+
+def _parser_summary(write: Callable[[str], None]) -> None:
+    # A violation fails the test before its row is written, so every written row has 0 violations.
+    rows: list[tuple[Any, ...]] = [(r.parser, r.seen, r.refused, r.seen - r.refused, 0) for r in PARSER_RUNS]
+    rows.append(("total", *(sum(column) for column in list(zip(*rows))[1:])))
+    width = max(len(row[0]) for row in rows)
+    write("")
+    write("parser property tests (a row is written once every generated input kept the invariants)")
+    for row in [("parser", "inputs", "refused", "accepted", "violations"), *rows]:
+        write(f"{row[0]:<{width}} " + " ".join(f"{value:>10}" for value in row[1:]))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    write = terminalreporter.write_line
+    if PARSER_RUNS:
+        _parser_summary(write)
     if not FAULTS:
         return
-    write = terminalreporter.write_line
     width = max(len(f.fault) for f in FAULTS)
     write("")
     write("reliability summary (a row is written once its test's assertions have passed)")
