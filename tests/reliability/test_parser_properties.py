@@ -520,3 +520,15 @@ def test_cli_arguments(record_parser: Record, tmp_path: Path) -> None:
     tally = Tally()
     check_cli(tally, store)
     record_parser("CLI arguments", tally.seen, tally.refused)
+
+
+def test_a_corrupt_alias_record_is_an_integrity_error(tmp_path: Path) -> None:
+    # Before parse_alias, `ls` and `promote` ended in a pydantic traceback on such a record.
+    path = tmp_path / "m" / "aliases" / "prod.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"name": "m", "alias": "prod"}')
+    result = CliRunner().invoke(app, ["ls", "m", "--store", str(tmp_path)])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    text = " ".join(result.output.split())  # however the console wrapped it
+    assert "IntegrityError: m/aliases/prod.json is not a valid alias record (version: Field required)" in text
+    assert "Traceback" not in result.output
