@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.calls import Call, Ref, Slot, Step, check_calls, run_steps
 from prefect_executorch.errors import SpecError, ToolchainMismatch
+from prefect_executorch.quantization import check_scheme
 from prefect_executorch.spec import TensorRTTarget as TensorRTOptions
 from prefect_executorch.targets.base import PROGRAM_FILE, Target
 from prefect_executorch.hostprobe import channel_of
@@ -356,6 +357,7 @@ class TensorRTTarget(Target):
     name = "tensorrt"
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
+        check_scheme(spec, self.name)
         options = _options(spec)
         spec_problems = _spec_problems(spec, options) + _compile_option_problems(options, toolchain)
         if spec_problems:
