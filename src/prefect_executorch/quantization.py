@@ -73,7 +73,9 @@ class QuantizationFacts(BaseModel):
     calibration: str | None = Field(None, description="Where int8-static took its activation ranges from.")
     calibration_samples: int = Field(0, description="Input tuples the calibration ran (int8-static).")
     torchao: str | None = Field(None, description="torchao version that quantized the model.")
-    quantized_linears: int = Field(0, description="Linear layers quantized (torchao schemes).")
+    quantized_linears: int | None = Field(
+        None, description="Linear layers torchao quantized (None for int8-static: PT2E annotates operators, not layers)."
+    )
     float_linears: list[str] = Field(
         default_factory=list, description="Linear layers left in float: in_features not a multiple of group_size."
     )
@@ -149,12 +151,12 @@ def quantize_model(model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
     return model
 
 
-def linear_facts(model: torch.nn.Module, quantization: QuantizationSpec) -> tuple[int, list[str]]:
+def linear_facts(model: torch.nn.Module, quantization: QuantizationSpec) -> tuple[int | None, list[str]]:
     """How many linears a torchao scheme quantizes and which ones it leaves in float."""
     import torch
 
     if quantization.scheme == "int8-static":
-        return 0, []
+        return None, []
     group = quantization.effective_group_size if quantization.scheme == "int8da4w" else None
     linears = [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     left = [fqn for fqn, m in linears if group is not None and m.in_features % group]
