@@ -63,7 +63,8 @@ def parse_compat(key: str) -> Compat:
             sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_any=bool(match["any"]),
         )
     raise SpecError(
-        f"compat: {key!r} is not a compat key; expected 'cpu-<backend>-<arch>[-<quantization>]' (cpu-xnnpack-x86_64) or "
+        f"compat: {key!r} is not a compat key; expected 'cpu-<backend>-<arch>' (cpu-xnnpack-x86_64; a quantized "
+        "build adds its scheme: cpu-xnnpack-x86_64-int8da4wg32) or "
         "'<cuXYZ>-sm<NN>[plus][-trt<version>|-trt-any]-<arch>' (cu132-sm90-trt11.1-x86_64)"
     )
 

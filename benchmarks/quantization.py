@@ -1,0 +1,90 @@
+"""Quantization: program size, build time and latency of float32, int8-dynamic and int8da4w XNNPACK builds.
+
+One weight-heavy MLP (two 1024 x 1024 linears, 8 MiB of float32 weights; ``--width 256`` for a
+smoke run) is exported and validated three times in one run: float32, int8-dynamic (int8 weights
+per channel) and int8da4w (int4 weights in groups of 32). Each build is validated against the float
+eager model with its scheme's default gates; the warm latency of each program comes from the same
+validation (median of ``--latency-runs``) and is set against the float32 program's.
+
+The last line is ``RESULT quantization ratio=<worst size ratio / its goal> goal=<=1 PASS|FAIL``:
+int8 <= 0.35x and int8da4w <= 0.22x of the float32 program, so a ratio <= 1 meets both; a build
+that fails its gates makes the run fail whatever the sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import report  # noqa: E402
+
+from prefect_executorch.exporter import export_program  # noqa: E402
+from prefect_executorch.spec import parse_spec  # noqa: E402
+from prefect_executorch.validator import validate_program  # noqa: E402
+
+MODELS = Path(__file__).parent / "quantization_models.py"
+#: Program size of each quantized build over the float32 program's, at most.
+GOALS = {"int8-dynamic": 0.35, "int8da4w": 0.22}
+
+
+def build(scheme: str | None, width: int, work: Path, latency_runs: int) -> dict[str, Any]:
+    """Export and validate one build; its size, times, gate result and latency."""
+    spec = parse_spec({
+        "name": "quantization", "version": scheme or "float32", "model": f"{MODELS}:width_{width}", "target": "xnnpack",
+        "methods": {"forward": {"inputs": [{"name": "x", "shape": [8, width]}]}},
+        "validation": {"samples": 2, "latency_runs": latency_runs, "latency_warmup": 3},
+        **({"quantization": {"scheme": scheme}} if scheme else {}),
+    })
+    started = time.perf_counter()
+    export = export_program(spec, work / "out")
+    exported = time.perf_counter()
+    result = validate_program(spec, export.path, export.data_files, scratch_dir=work / "out")
+    validated = time.perf_counter()
+    (latency,) = result.latency
+    summary = result.summary()
+    return {
+        "program_bytes": (export.path / export.program).stat().st_size,
+        "export_s": round(exported - started, 2), "validate_s": round(validated - exported, 2),
+        "build_s": round(validated - started, 2), "passed": result.passed,
+        "program_median_ms": round(latency.program_median_ms, 3), "eager_median_ms": round(latency.eager_median_ms, 3),
+        "min_cosine_vs_float": summary.min_cosine_seen, "worst": summary.worst,
+        "quantization_rel_error": summary.quantization_rel_error, "lowering_rel_error": summary.lowering_rel_error,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--width", type=int, default=1024, help="Width of the two square linears (multiple of 32).")
+    parser.add_argument("--smoke", action="store_true", help="Width 256: the small size CI runs.")
+    parser.add_argument("--latency-runs", type=int, default=50)
+    args = parser.parse_args()
+    width = 256 if args.smoke else args.width
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    work = Path(tempfile.mkdtemp(prefix="bench-quantization-"))
+    # The first export of a process pays the export server's imports: not a cost of any scheme.
+    warm_up_s = build(None, 32, work, 1)["build_s"]
+    rows = {name: build(scheme, width, work, args.latency_runs)
+            for name, scheme in (("float32", None), ("int8-dynamic", "int8-dynamic"), ("int8da4w", "int8da4w"))}
+    base = rows["float32"]
+    for name, row in rows.items():
+        row["size_vs_float32"] = round(row["program_bytes"] / base["program_bytes"], 4)
+        row["build_time_vs_float32"] = round(row["build_s"] / base["build_s"], 3)
+        row["latency_vs_float32"] = round(row["program_median_ms"] / base["program_median_ms"], 3)
+        print(name, row)
+    worst = max(rows[name]["size_vs_float32"] / goal for name, goal in GOALS.items())
+    failed = [name for name, row in rows.items() if not row["passed"]]
+    figures: dict[str, Any] = {"weights_mib": round(2 * width * (width + 1) * 4 / 2**20, 2), **rows,
+                               "goals": {name: f"size <= {goal}x float32" for name, goal in GOALS.items()},
+                               "failed_gates": failed, "warm_up_s": warm_up_s}
+    # A build that fails its gates fails the run, whatever its size.
+    report("quantization", worst if not failed else float("inf"), "<=1", figures)
+
+
+if __name__ == "__main__":
+    main()
