@@ -121,7 +121,9 @@ def _torchao_config(quantization: QuantizationSpec) -> Any:
 
     if quantization.scheme == "int8da4w":
         return Int8DynamicActivationIntxWeightConfig(
-            weight_dtype=torch.int4, weight_granularity=PerGroup(quantization.effective_group_size))
+            weight_dtype=torch.int4,  # type: ignore[attr-defined]  # torch's stubs lack int4
+            weight_granularity=PerGroup(quantization.effective_group_size),
+        )
     if quantization.scheme == "int8-dynamic":
         return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
     return IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))

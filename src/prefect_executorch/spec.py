@@ -532,7 +532,7 @@ def _resolve_calibration_path(quantization: Any, base_dir: Path) -> Any:
     """Resolve a ``.py`` calibration dataset against ``base_dir``."""
     calibration = quantization.get("calibration") if isinstance(quantization, dict) else None
     dataset = calibration.get("dataset") if isinstance(calibration, dict) else None
-    if not isinstance(dataset, str) or ".py:" not in dataset:
+    if not isinstance(calibration, dict) or not isinstance(dataset, str) or ".py:" not in dataset:
         return quantization
     return {**quantization, "calibration": {**calibration, "dataset": _resolve_file_reference(dataset, base_dir)}}
 
