@@ -12,17 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from helpers import TESTS
 from prefect_executorch.artifacts.manifest import Manifest
 from prefect_executorch.artifacts.registry import verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
+from prefect_executorch.compare import compare_outputs, limits_for
 from prefect_executorch.compat import cpu_compat, fit, parse_compat
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.exporter import export_program
 from prefect_executorch.quantization import SCHEMES
 from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.spec import BuildSpec, ValidationSpec, parse_spec
 from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain
 from prefect_executorch.validator import require_passed, validate_program
@@ -112,6 +114,26 @@ def test_quantized_compat_key_names_the_scheme_and_is_never_picked_over_float_by
     assert not fit("cpu-xnnpack-aarch64-int8dynamic", CPU).ok
     with pytest.raises(SpecError):
         parse_compat("cpu-xnnpack-x86_64-fp8")
+
+
+def test_quantized_defaults_are_a_cosine_floor_and_a_relative_error_which_outputs_can_override() -> None:
+    spec = ValidationSpec(outputs={"[1]": {"max_rel_error": 0.5}}, methods={"forward": {"outputs": {"[2]": {"atol": 0.01}}}})
+    assert limits_for(spec, "forward", "[0]", "float32", quantization="int8da4w") == (
+        None, None, 0.98, "default for int8da4w quantization", 0.2)
+    assert limits_for(spec, "forward", "[1]", "float32", quantization="int8-dynamic") == (
+        None, None, 0.995, "validation.outputs['[1]']", 0.5)
+    assert limits_for(spec, "forward", "[2]", "float32", quantization="int8-static")[:2] == (0.01, None)
+    eager = (torch.linspace(-1, 1, 100),) * 3
+    # 5% relative noise everywhere: far beyond float tolerances, within int8da4w's gate.
+    program = [t + 0.05 * t.abs().mean() * torch.sign(torch.sin(torch.arange(100.0) * 7)) for t in eager]
+    first, second, third = compare_outputs(program, eager, spec, "forward", quantization="int8da4w")
+    assert first.passed and first.mismatch_fraction == 0.0 and first.rel_error == pytest.approx(0.0433, abs=1e-3)
+    # An atol given for a quantized output turns the element-wise check back on, with rtol 0.
+    assert second.passed and not third.passed
+    assert third.reason is not None and "of elements beyond atol=0.01 + rtol=0*|eager|" in third.reason
+    (strict,) = compare_outputs(program[:1], eager[:1], ValidationSpec(outputs={"[0]": {"max_rel_error": 0.01}}),
+                                quantization="int8-dynamic")
+    assert strict.reason is not None and strict.reason.startswith("relative error |program - eager| / |eager| = 0.04")
 
 
 @pytest.fixture(scope="module")

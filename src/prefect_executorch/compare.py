@@ -127,6 +127,10 @@ def compare_tensor(
             "reason": None if fraction == 0.0 else f"{fraction:.2%} of elements differ (exact match required for {dtype})",
         })
     atol, rtol, min_cosine, source, max_rel_error = limits
+    # Quantized defaults leave both unset (no element-wise check); one given turns it on, the other at 0.
+    elementwise = atol is not None or rtol is not None
+    if elementwise:
+        atol, rtol = atol or 0.0, rtol or 0.0
     base = base.model_copy(update={"atol": atol, "rtol": rtol, "min_cosine": min_cosine, "tolerance_source": source,
                                    "max_rel_error": max_rel_error})
     a, e = actual.double(), expected.double()
@@ -143,7 +147,6 @@ def compare_tensor(
     max_abs = diff.max().item()
     nonzero = e.abs() > 0
     max_rel = (diff[nonzero] / e.abs()[nonzero]).max().item() if nonzero.any() else 0.0
-    elementwise = atol is not None or rtol is not None
     fraction = (diff > (atol or 0.0) + (rtol or 0.0) * e.abs()).double().mean().item() if elementwise else 0.0
     rel_error = float((a - e).norm() / e.norm()) if e.norm() > 0 else (0.0 if torch.equal(a, e) else float("inf"))
     norms = a.norm() * e.norm()
