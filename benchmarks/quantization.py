@@ -3,8 +3,9 @@
 One weight-heavy MLP (two 1024 x 1024 linears, 8 MiB of float32 weights; ``--width 256`` for a
 smoke run) is exported and validated three times in one run: float32, int8-dynamic (int8 weights
 per channel) and int8da4w (int4 weights in groups of 32). Each build is validated against the float
-eager model with its scheme's default gates; the warm latency of each program comes from the same
-validation (median of ``--latency-runs``) and is set against the float32 program's.
+eager model with its scheme's default gates. The three programs are then loaded into this process
+and timed in interleaved rounds (so machine load hits all three alike); each one's median is set
+against the float32 program's.
 
 The last line is ``RESULT quantization ratio=<worst size ratio / its goal> goal=<=1 PASS|FAIL``:
 int8 <= 0.35x and int8da4w <= 0.22x of the float32 program, so a ratio <= 1 meets both; a build
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -33,12 +35,12 @@ MODELS = Path(__file__).parent / "quantization_models.py"
 GOALS = {"int8-dynamic": 0.35, "int8da4w": 0.22}
 
 
-def build(scheme: str | None, width: int, work: Path, latency_runs: int) -> dict[str, Any]:
+def build(scheme: str | None, width: int, work: Path) -> dict[str, Any]:
     """Export and validate one build; its size, times, gate result and latency."""
     spec = parse_spec({
         "name": "quantization", "version": scheme or "float32", "model": f"{MODELS}:width_{width}", "target": "xnnpack",
         "methods": {"forward": {"inputs": [{"name": "x", "shape": [8, width]}]}},
-        "validation": {"samples": 2, "latency_runs": latency_runs, "latency_warmup": 3},
+        "validation": {"samples": 2, "latency_runs": 0},
         **({"quantization": {"scheme": scheme}} if scheme else {}),
     })
     started = time.perf_counter()
@@ -46,31 +48,54 @@ def build(scheme: str | None, width: int, work: Path, latency_runs: int) -> dict
     exported = time.perf_counter()
     result = validate_program(spec, export.path, export.data_files, scratch_dir=work / "out")
     validated = time.perf_counter()
-    (latency,) = result.latency
     summary = result.summary()
     return {
+        "program": str(export.path / export.program),
         "program_bytes": (export.path / export.program).stat().st_size,
         "export_s": round(exported - started, 2), "validate_s": round(validated - exported, 2),
         "build_s": round(validated - started, 2), "passed": result.passed,
-        "program_median_ms": round(latency.program_median_ms, 3), "eager_median_ms": round(latency.eager_median_ms, 3),
         "min_cosine_vs_float": summary.min_cosine_seen, "worst": summary.worst,
         "quantization_rel_error": summary.quantization_rel_error, "lowering_rel_error": summary.lowering_rel_error,
     }
+
+
+def interleaved_latency(programs: dict[str, str], width: int, rounds: int, runs: int) -> dict[str, float]:
+    """Median ms per call of each program, timed round-robin in this process (``runs`` calls per round)."""
+    import torch
+
+    from prefect_executorch.runtime import LoadedProgram
+
+    loaded = {name: LoadedProgram(Path(path)) for name, path in programs.items()}
+    inputs = (torch.rand(8, width) * 2 - 1,)
+    times: dict[str, list[float]] = {name: [] for name in loaded}
+    for program in loaded.values():
+        program.execute("forward", inputs)  # first call initialises XNNPACK: not timed
+    for _ in range(rounds):
+        for name, program in loaded.items():
+            for _ in range(runs):
+                started = time.perf_counter()
+                program.execute("forward", inputs)
+                times[name].append((time.perf_counter() - started) * 1000)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--width", type=int, default=1024, help="Width of the two square linears (multiple of 32).")
     parser.add_argument("--smoke", action="store_true", help="Width 256: the small size CI runs.")
-    parser.add_argument("--latency-runs", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=10, help="Interleaved timing rounds.")
+    parser.add_argument("--runs", type=int, default=20, help="Timed calls of each program per round.")
     args = parser.parse_args()
     width = 256 if args.smoke else args.width
     os.environ.setdefault("DO_NOT_TRACK", "1")
     work = Path(tempfile.mkdtemp(prefix="bench-quantization-"))
     # The first export of a process pays the export server's imports: not a cost of any scheme.
-    warm_up_s = build(None, 32, work, 1)["build_s"]
-    rows = {name: build(scheme, width, work, args.latency_runs)
+    warm_up_s = build(None, 32, work)["build_s"]
+    rows = {name: build(scheme, width, work)
             for name, scheme in (("float32", None), ("int8-dynamic", "int8-dynamic"), ("int8da4w", "int8da4w"))}
+    latency = interleaved_latency({name: row.pop("program") for name, row in rows.items()}, width, args.rounds, args.runs)
+    for name, row in rows.items():
+        row["program_median_ms"] = round(latency[name], 4)
     base = rows["float32"]
     for name, row in rows.items():
         row["size_vs_float32"] = round(row["program_bytes"] / base["program_bytes"], 4)
