@@ -1,7 +1,7 @@
 """Quantization: program size, build time and latency of float32, int8-dynamic and int8da4w XNNPACK builds.
 
-One weight-heavy MLP (two 1024 x 1024 linears, 8 MiB of float32 weights; ``--width 256`` for a
-smoke run) is exported and validated three times in one run: float32, int8-dynamic (int8 weights
+One weight-heavy MLP (two 1024 x 1024 linears, 8 MiB of float32 weights; ``--smoke``: 256 x 256) is
+exported and validated three times in one run: float32, int8-dynamic (int8 weights
 per channel) and int8da4w (int4 weights in groups of 32). Each build is validated against the float
 eager model with its scheme's default gates. The three programs are then loaded into this process
 and timed in interleaved rounds (so machine load hits all three alike); each one's median is set
@@ -30,7 +30,8 @@ from prefect_executorch.exporter import export_program  # noqa: E402
 from prefect_executorch.spec import parse_spec  # noqa: E402
 from prefect_executorch.validator import validate_program  # noqa: E402
 
-MODELS = Path(__file__).parent / "quantization_models.py"
+#: ``wide_<width>``: two square linears (tests/models.py's ``Wide``), 8 MiB of float32 weights at 1024.
+MODELS = Path(__file__).resolve().parents[1] / "tests" / "models.py"
 #: Program size of each quantized build over the float32 program's, at most.
 GOALS = {"int8-dynamic": 0.35, "int8da4w": 0.22}
 
@@ -38,7 +39,7 @@ GOALS = {"int8-dynamic": 0.35, "int8da4w": 0.22}
 def build(scheme: str | None, width: int, work: Path) -> dict[str, Any]:
     """Export and validate one build; its size, times, gate result and latency."""
     spec = parse_spec({
-        "name": "quantization", "version": scheme or "float32", "model": f"{MODELS}:width_{width}", "target": "xnnpack",
+        "name": "quantization", "version": scheme or "float32", "model": f"{MODELS}:wide_{width}", "target": "xnnpack",
         "methods": {"forward": {"inputs": [{"name": "x", "shape": [8, width]}]}},
         "validation": {"samples": 2, "latency_runs": 0},
         **({"quantization": {"scheme": scheme}} if scheme else {}),
@@ -81,16 +82,15 @@ def interleaved_latency(programs: dict[str, str], width: int, rounds: int, runs:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--width", type=int, default=1024, help="Width of the two square linears (multiple of 32).")
-    parser.add_argument("--smoke", action="store_true", help="Width 256: the small size CI runs.")
+    parser.add_argument("--smoke", action="store_true", help="Width 256 (0.5 MiB of weights): the small size CI runs.")
     parser.add_argument("--rounds", type=int, default=10, help="Interleaved timing rounds.")
     parser.add_argument("--runs", type=int, default=20, help="Timed calls of each program per round.")
     args = parser.parse_args()
-    width = 256 if args.smoke else args.width
+    width = 256 if args.smoke else 1024
     os.environ.setdefault("DO_NOT_TRACK", "1")
     work = Path(tempfile.mkdtemp(prefix="bench-quantization-"))
     # The first export of a process pays the export server's imports: not a cost of any scheme.
-    warm_up_s = build(None, 32, work)["build_s"]
+    warm_up_s = build(None, 256, work)["build_s"]
     rows = {name: build(scheme, width, work)
             for name, scheme in (("float32", None), ("int8-dynamic", "int8-dynamic"), ("int8da4w", "int8da4w"))}
     latency = interleaved_latency({name: row.pop("program") for name, row in rows.items()}, width, args.rounds, args.runs)
