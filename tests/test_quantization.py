@@ -22,6 +22,7 @@ from prefect_executorch.compare import compare_outputs, limits_for
 from prefect_executorch.compat import cpu_compat, fit, parse_compat
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.exporter import export_program
+from prefect_executorch.fingerprint import build_fingerprint
 from prefect_executorch.quantization import SCHEMES
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec, ValidationSpec, parse_spec
@@ -77,6 +78,16 @@ def test_a_float_spec_keeps_its_hash_and_a_quantized_one_gets_another() -> None:
     assert "quantization" not in float_spec.canonical_json()
     hashes = {quantized_spec(q).sha256() for q in (None, {"scheme": "int8da4w"}, {"scheme": "int8da4w", "group_size": 64})}
     assert len(hashes) == 3
+
+
+def test_the_cache_key_of_a_quantized_build_covers_its_scheme_and_torchao() -> None:
+    float_print = build_fingerprint(quantized_spec(None), CPU, "cpu-xnnpack-x86_64", "/s")
+    assert "quantization" not in float_print.spec and "torchao" not in float_print.toolchain
+    da4w_print = build_fingerprint(quantized_spec({"scheme": "int8da4w"}), CPU, "cpu-xnnpack-x86_64-int8da4wg32", "/s")
+    assert da4w_print.spec["quantization"] == {"scheme": "int8da4w", "group_size": None, "calibration": None}
+    assert da4w_print.toolchain["torchao"] == version("torchao")
+    group_64 = quantized_spec({"scheme": "int8da4w", "group_size": 64})
+    assert build_fingerprint(group_64, CPU, "cpu-xnnpack-x86_64-int8da4wg32", "/s").key() != da4w_print.key()
 
 
 @pytest.mark.parametrize(("target", "scheme", "reason"), [

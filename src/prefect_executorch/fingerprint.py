@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from prefect_executorch.errors import SpecError
 from prefect_executorch.hashing import sha256_file
+from prefect_executorch.quantization import torchao_version
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.toolchain import Toolchain
 
@@ -60,6 +61,8 @@ def normalized_spec(spec: BuildSpec) -> dict[str, object]:
     data = spec.model_dump(mode="json", exclude={"weights", "export_timeout_s"})
     data["model"] = spec.model.rpartition(":")[2]
     data["validation"].pop("timeout_s", None)  # type: ignore[union-attr]
+    if data["quantization"] is None:
+        del data["quantization"]  # float builds keep the cache key they had before quantization existed
     return data
 
 
@@ -69,7 +72,9 @@ def build_fingerprint(spec: BuildSpec, toolchain: Toolchain, compat: str, store:
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,
         model_source_sha256=sha256_file(model_source_file(spec.model)),
         spec=normalized_spec(spec),
-        toolchain={**toolchain.versions(), "os": toolchain.os, "arch": toolchain.arch},
+        toolchain={**toolchain.versions(), "os": toolchain.os, "arch": toolchain.arch,
+                   # torchao rounds the weights of a quantized build, so its version decides that bundle too.
+                   **({"torchao": torchao_version()} if spec.quantization else {})},
         compat=compat,
         store=store,
     )
