@@ -55,15 +55,6 @@ def check_name(value: str, field: str) -> str:
     return value
 
 
-def _function_reference(value: str | None) -> str | None:
-    """``value`` if it reads 'package.module:function' or 'path/to/file.py:function'."""
-    if value is not None:
-        module, sep, function = value.rpartition(":")
-        if not sep or not module or not function.isidentifier():
-            raise ValueError(f"{value!r} must be 'package.module:function' or 'path/to/file.py:function'")
-    return value
-
-
 class StrictModel(BaseModel):
     """Base of every spec model: unknown fields are an error."""
 
@@ -190,6 +181,15 @@ class Tolerance(StrictModel):
     max_rel_error: float | None = Field(
         default=None, gt=0, description="Limit on |program - eager| / |eager| (L2 norms); quantized builds' default gate."
     )
+
+
+def _function_reference(value: str | None) -> str | None:
+    """``value`` if it reads 'package.module:function' or 'path/to/file.py:function'."""
+    if value is not None:
+        module, sep, function = value.rpartition(":")
+        if not sep or not module or not function.isidentifier():
+            raise ValueError(f"{value!r} must be 'package.module:function' or 'path/to/file.py:function'")
+    return value
 
 
 class MethodValidation(StrictModel):
