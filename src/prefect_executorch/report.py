@@ -164,13 +164,13 @@ class ValidationReport(BaseModel):
         default_factory=dict, description="First call of each method, which loads it and initialises its delegates."
     )
     used_data_file: bool = Field(description="Whether the program was loaded with its .ptd.")
+    quantization: QuantizationFacts | None = Field(default=None, description="How the build was quantized (None: float).")
+    file_sizes: dict[str, int] = Field(default_factory=dict, description="Bytes of the program and data files validated.")
     delegation: dict[str, DelegationFacts] = Field(
         default_factory=dict, description="Operators delegated per method, as recorded at export."
     )
     latency: list[LatencyResult] = Field(default_factory=list)
     gates: list[GateResult] = Field(default_factory=list)
-    quantization: QuantizationFacts | None = Field(default=None, description="How the build was quantized (None: float).")
-    file_sizes: dict[str, int] = Field(default_factory=dict, description="Bytes of the program and data files validated.")
 
     def failures(self) -> list[CaseResult]:
         """The cases that failed."""
