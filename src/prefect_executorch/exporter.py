@@ -66,10 +66,10 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
     target = get_target(spec.target_name)
     model = load_model(spec)
     programs = {}
-    quantization = None
     with torch.no_grad():
-        for name, module, quantization in quantized_methods(model, spec):
-            method = spec.methods[name]
+        modules, quantization = quantized_methods(model, spec)
+        for name, method in spec.methods.items():
+            module = modules[name]
             args = example_inputs(method, seed=spec.validation.seed)
             try:
                 programs[name] = target.export_method(module, args, dynamic_shapes(method), spec)

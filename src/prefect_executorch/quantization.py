@@ -9,7 +9,6 @@ schemes' facts and default gates without paying those imports.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -50,8 +49,9 @@ _NO_WEIGHT_ONLY = (
     "use int8-dynamic (int8 weights too, activations quantized per call)"
 )
 _PORTABLE = (
-    "the portable kernels have no out-variants of the quantize/dequantize operators torchao and "
-    "PT2E insert; use target xnnpack"
+    "torchao's choose_qparams/quantize/dequantize_affine operators have no ExecuTorch kernel outside a "
+    "delegate, and the portable target has none; use target xnnpack, or int8-static (PT2E), which the "
+    "portable kernels run"
 )
 _TENSORRT = (
     "torchao and PT2E schemes produce CPU (XNNPACK) programs; TensorRT's own low-precision modes "
@@ -60,7 +60,7 @@ _TENSORRT = (
 #: Why a target refuses a scheme; a (target, scheme) pair not listed is supported.
 REFUSED: dict[str, dict[str, str]] = {
     "xnnpack": {"int8-weight-only": _NO_WEIGHT_ONLY},
-    "portable": {scheme: _PORTABLE for scheme in SCHEMES},
+    "portable": {scheme: _PORTABLE for scheme in SCHEMES if scheme != "int8-static"},
     "tensorrt": {scheme: _TENSORRT for scheme in SCHEMES},
 }
 
@@ -222,14 +222,16 @@ def build_facts(spec: BuildSpec, model: torch.nn.Module, calibration: str | None
 
 def quantized_methods(
     model: torch.nn.Module, spec: BuildSpec
-) -> Iterator[tuple[str, torch.nn.Module, QuantizationFacts | None]]:
-    """Each method of ``model`` as the (quantized) module to export or run, with the build's facts (None if float)."""
+) -> tuple[dict[str, torch.nn.Module], QuantizationFacts | None]:
+    """Each method of ``model`` as the (quantized) module to export or run, and the build's facts (None if float)."""
     from prefect_executorch.inputs import dynamic_shapes, example_inputs
     from prefect_executorch.modelref import method_module
 
     quantized = quantize_model(model, spec)
+    modules: dict[str, torch.nn.Module] = {}
+    source, samples = None, 0
     for name, method in spec.methods.items():
         module = method_module(quantized, name, method.attribute)
         args = example_inputs(method, seed=spec.validation.seed)
-        module, source, samples = quantize_method(module, name, args, dynamic_shapes(method), spec)
-        yield name, module, build_facts(spec, model, source, samples) if spec.quantization else None
+        modules[name], source, samples = quantize_method(module, name, args, dynamic_shapes(method), spec)
+    return modules, build_facts(spec, model, source, samples) if spec.quantization else None

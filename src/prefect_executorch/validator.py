@@ -22,6 +22,7 @@ from prefect_executorch.errors import ChildProcessFailed, SpecError, ValidationF
 from prefect_executorch.inputs import load_dataset, load_samples_file, random_inputs, shape_points
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.modelref import load_model, method_callable
+from prefect_executorch.quantization import quantized_methods
 from prefect_executorch.report import CaseResult, GateResult, LatencyResult, ValidationReport
 from prefect_executorch.runtime import LoadedProgram
 from prefect_executorch.spec import BuildSpec, MethodValidation, ValidationSpec
@@ -221,14 +222,8 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     latency: list[LatencyResult] = []
     first_calls: dict[str, float] = {}
     seen_paths: set[str] = set()
-    quantization = None
     with torch.no_grad():
-        quantized: dict[str, Any] = {}
-        if spec.quantization is not None:
-            from prefect_executorch.quantization import quantized_methods
-
-            for name, module, quantization in quantized_methods(model, spec):
-                quantized[name] = module
+        quantized, quantization = quantized_methods(model, spec) if spec.quantization else ({}, None)
         for name in spec.methods:
             method_cases, method_latency = _validate_method(spec, name, model, program, first_calls, quantized.get(name))
             seen_paths |= _check_output_overrides(spec.validation, name, method_cases)
