@@ -92,8 +92,8 @@ def test_the_cache_key_of_a_quantized_build_covers_its_scheme_and_torchao() -> N
 
 
 @pytest.mark.parametrize(("target", "scheme", "reason"), [
-    ("portable", "int8-dynamic", "torchao's choose_qparams/quantize/dequantize_affine operators have no"),
-    ("portable", "int8da4w", "or int8-static (PT2E), which the portable kernels run"),
+    ("portable", "int8-dynamic", "torchao's *_affine operators have no ExecuTorch kernel"),
+    ("portable", "int8-static", "fails with OperatorMissing); use target xnnpack"),
     ("xnnpack", "int8-weight-only", "no float-activation/int8-weight linear"),
     ("tensorrt", "int8da4w", "produce CPU (XNNPACK) programs"),
     ("tensorrt", "int8-static", "produce CPU (XNNPACK) programs"),
@@ -106,10 +106,9 @@ def test_a_target_refuses_a_scheme_it_cannot_build_in_its_check(target: str, sch
     assert reason in str(info.value)
 
 
-@pytest.mark.parametrize(("target", "scheme"), [
-    ("xnnpack", "int8-dynamic"), ("xnnpack", "int8da4w"), ("xnnpack", "int8-static"), ("portable", "int8-static")])
-def test_a_target_takes_the_schemes_it_lowers(target: str, scheme: str) -> None:
-    assert get_target(target).check(quantized_spec({"scheme": scheme}, target=target), CPU) == []
+@pytest.mark.parametrize("scheme", ["int8-dynamic", "int8da4w", "int8-static"])
+def test_xnnpack_takes_the_schemes_it_lowers(scheme: str) -> None:
+    assert get_target("xnnpack").check(quantized_spec({"scheme": scheme}), CPU) == []
 
 
 def test_quantized_compat_key_names_the_scheme_and_is_never_picked_over_float_by_auto() -> None:
@@ -212,26 +211,18 @@ def test_a_tighter_relative_error_per_output_fails_and_names_both_parts(
     assert "quantization alone: rel error" in message and "; lowering: rel error" in message
 
 
-@pytest.mark.parametrize(("target", "calibration", "source", "delegates"), [
-    ("xnnpack", {"dataset": f"{MODELS}:calibration", "max_samples": 3}, f"dataset {MODELS}:calibration (3 samples)",
-     ["XnnpackBackend"]),
-    # min, opt and max of the dynamic batch, two samples each; portable kernels run the q/dq operators.
-    ("portable", None, "validation samples (6 samples)", []),
-])
-def test_int8_static_calibrates_and_validates(
-    target: str, calibration: dict[str, Any] | None, source: str, delegates: list[str], tmp_path: Path
-) -> None:
-    quantization: dict[str, Any] = {"scheme": "int8-static", **({"calibration": calibration} if calibration else {})}
-    spec = quantized_spec(quantization, target=target, latency_runs=0)
-    assert get_target(target).compat(spec, CPU) == f"cpu-{target}-x86_64-int8static"
+def test_int8_static_calibrates_on_a_dataset_and_validates(tmp_path: Path) -> None:
+    calibration = {"dataset": f"{MODELS}:calibration", "max_samples": 3}
+    spec = quantized_spec({"scheme": "int8-static", "calibration": calibration}, latency_runs=0)
+    assert get_target("xnnpack").compat(spec, CPU) == "cpu-xnnpack-x86_64-int8static"
     export = export_program(spec, tmp_path / "out")
     facts = export.quantization
     assert facts is not None and facts.scheme == "int8-static" and facts.group_size is None
-    assert facts.calibration == source and facts.calibration_samples == int(source.split("(")[1].split()[0])
+    assert facts.calibration == f"dataset {MODELS}:calibration (3 samples)" and facts.calibration_samples == 3
     report = validate_program(spec, export.path, export.data_files, scratch_dir=tmp_path / "out")
     assert report.passed and report.quantization == facts
     for case in report.cases:
         assert case.outputs[0].tolerance_source == "default for int8-static quantization"
         assert case.quantization_error[0].rel_error is not None and case.quantization_error[0].rel_error > 0
         assert case.lowering_error[0].passed
-    assert export.delegates()["forward"] == delegates
+    assert export.delegates()["forward"] == ["XnnpackBackend"]

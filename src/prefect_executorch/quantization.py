@@ -9,6 +9,7 @@ schemes' facts and default gates without paying those imports.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -49,9 +50,10 @@ _NO_WEIGHT_ONLY = (
     "use int8-dynamic (int8 weights too, activations quantized per call)"
 )
 _PORTABLE = (
-    "torchao's choose_qparams/quantize/dequantize_affine operators have no ExecuTorch kernel outside a "
-    "delegate, and the portable target has none; use target xnnpack, or int8-static (PT2E), which the "
-    "portable kernels run"
+    "the portable kernels cannot run the quantize/dequantize operators these schemes insert: torchao's "
+    "*_affine operators have no ExecuTorch kernel, and PT2E's quantized_decomposed ones live in ExecuTorch's "
+    "separate quantized kernel library, which a portable runtime does not load (the method fails with "
+    "OperatorMissing); use target xnnpack, which runs them inside its delegate"
 )
 _TENSORRT = (
     "torchao and PT2E schemes produce CPU (XNNPACK) programs; TensorRT's own low-precision modes "
@@ -60,7 +62,7 @@ _TENSORRT = (
 #: Why a target refuses a scheme; a (target, scheme) pair not listed is supported.
 REFUSED: dict[str, dict[str, str]] = {
     "xnnpack": {"int8-weight-only": _NO_WEIGHT_ONLY},
-    "portable": {scheme: _PORTABLE for scheme in SCHEMES if scheme != "int8-static"},
+    "portable": {scheme: _PORTABLE for scheme in SCHEMES},
     "tensorrt": {scheme: _TENSORRT for scheme in SCHEMES},
 }
 
@@ -106,11 +108,25 @@ def torchao_version() -> str | None:
         return None
 
 
-def _require_torchao() -> str:
-    found = torchao_version()
-    if found is None:
+def _require_torchao() -> None:
+    if torchao_version() is None:
         raise ToolchainMismatch("quantization needs torchao, which ExecuTorch installs; reinstall executorch==1.4.1")
-    return found
+
+
+def _quantizable(quantization: QuantizationSpec) -> Callable[[torch.nn.Module, str], bool]:
+    """torchao's filter: the linears a scheme quantizes.
+
+    Grouped weights need in_features divisible by the group; other linears stay float, as in
+    ExecuTorch's own 8da4w transform, and the facts name them.
+    """
+    import torch
+
+    group = quantization.effective_group_size if quantization.scheme == "int8da4w" else None
+
+    def fits(module: torch.nn.Module, fqn: str) -> bool:
+        return isinstance(module, torch.nn.Linear) and (group is None or module.in_features % group == 0)
+
+    return fits
 
 
 def _torchao_config(quantization: QuantizationSpec) -> Any:
@@ -131,23 +147,15 @@ def _torchao_config(quantization: QuantizationSpec) -> Any:
 
 def quantize_model(model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
     """A copy of ``model`` with its linear layers quantized by torchao (the int8-static scheme quantizes per method)."""
-    import torch
-    from torchao.quantization import quantize_
-    from torchao.utils import unwrap_tensor_subclass
-
     quantization = spec.quantization
     if quantization is None or quantization.scheme == "int8-static":
         return model
     _require_torchao()
+    from torchao.quantization import quantize_
+    from torchao.utils import unwrap_tensor_subclass
+
     model = copy.deepcopy(model)
-    group = quantization.effective_group_size if quantization.scheme == "int8da4w" else None
-
-    # Grouped weights need in_features divisible by the group; other layers stay float, as
-    # ExecuTorch's own 8da4w transform does, and the facts name them.
-    def fits(module: torch.nn.Module, fqn: str) -> bool:
-        return isinstance(module, torch.nn.Linear) and (group is None or module.in_features % group == 0)
-
-    quantize_(model, _torchao_config(quantization), filter_fn=fits)
+    quantize_(model, _torchao_config(quantization), filter_fn=_quantizable(quantization))
     # Plain tensors for torch.export, as ExecuTorch's source-transform stage leaves them.
     unwrap_tensor_subclass(model)
     return model
@@ -159,9 +167,9 @@ def linear_facts(model: torch.nn.Module, quantization: QuantizationSpec) -> tupl
 
     if quantization.scheme == "int8-static":
         return None, []
-    group = quantization.effective_group_size if quantization.scheme == "int8da4w" else None
+    fits = _quantizable(quantization)
     linears = [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    left = [fqn for fqn, m in linears if group is not None and m.in_features % group]
+    left = [fqn for fqn, m in linears if not fits(m, fqn)]
     return len(linears) - len(left), left
 
 

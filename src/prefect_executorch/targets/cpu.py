@@ -60,11 +60,6 @@ class PortableTarget(CpuTarget):
     ) -> dict[str, DelegationFacts]:
         from executorch.exir import to_edge
 
-        if spec.quantization is not None:
-            # int8-static leaves quantized_decomposed q/dq operators to the portable kernels; this
-            # registers their out-variants, which to_executorch needs (the runtime has the kernels).
-            import executorch.kernels.quantized  # noqa: F401
-
         edge = to_edge(programs)
         delegation = delegation_facts(edge)
         _write(edge.to_executorch(_backend_config(spec)), spec, out_dir)
