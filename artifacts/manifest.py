@@ -13,6 +13,7 @@ from prefect_executorch import __version__
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.program import MethodFacts
 from prefect_executorch.errors import SpecError
+from prefect_executorch.quantization import QuantizationFacts
 from prefect_executorch.report import ValidationSummary
 from prefect_executorch.spec import InputSpec, check_name
 from prefect_executorch.toolchain import Toolchain
@@ -109,6 +110,7 @@ class Manifest(BaseModel):
     runtime_hints: dict[str, Any] = Field(default_factory=dict)
     spec_sha256: str
     weights_sha256: str | None = None
+    quantization: QuantizationFacts | None = Field(None, description="Scheme, group size, calibration, torchao version.")
     validation: ValidationSummary
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")

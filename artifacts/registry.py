@@ -265,6 +265,7 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
         runtime_hints=target.runtime_hints(spec, toolchain),
         spec_sha256=spec.sha256(),
         weights_sha256=export.weights_sha256,
+        quantization=export.quantization,
         validation=report.summary(),
     )
 

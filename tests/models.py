@@ -86,6 +86,18 @@ def wide_200mb() -> nn.Module:
     return Wide(5120)
 
 
+def wide_1024() -> nn.Module:
+    """8 MiB of float32 weights in widths int8da4w's groups of 32 divide (the quantization benchmark)."""
+    torch.manual_seed(0)
+    return Wide(1024)
+
+
+def wide_256() -> nn.Module:
+    """The quantization benchmark's smoke size: 0.5 MiB of weights."""
+    torch.manual_seed(0)
+    return Wide(256)
+
+
 def not_a_module() -> object:
     return {"weights": [1, 2, 3]}
 

@@ -35,11 +35,11 @@ def test_tolerances_go_from_general_to_specific() -> None:
         outputs={"[1]": {"atol": 0.5}},
         methods={"encode": {"outputs": {"[1]": {"min_cosine": 0.9}}}},
     )
-    assert limits_for(spec, "forward", "[0]", "float16") == (1e-3, 5e-3, 0.99, "validation")
-    assert limits_for(spec, "forward", "[0]", "float32") == (1e-3, 1e-2, 0.999, "validation.dtypes.float32")
-    assert limits_for(spec, "forward", "[1]", "float32") == (0.5, 1e-2, 0.999, "validation.outputs['[1]']")
-    assert limits_for(spec, "encode", "[1]", "float32") == (0.5, 1e-2, 0.9, "validation.methods.encode.outputs['[1]']")
-    assert limits_for(ValidationSpec(), "forward", "[0]", "bfloat16") == (1.6e-2, 1.6e-2, 0.99, "default for bfloat16")
+    assert limits_for(spec, "forward", "[0]", "float16") == (1e-3, 5e-3, 0.99, "validation", None)
+    assert limits_for(spec, "forward", "[0]", "float32") == (1e-3, 1e-2, 0.999, "validation.dtypes.float32", None)
+    assert limits_for(spec, "forward", "[1]", "float32") == (0.5, 1e-2, 0.999, "validation.outputs['[1]']", None)
+    assert limits_for(spec, "encode", "[1]", "float32") == (0.5, 1e-2, 0.9, "validation.methods.encode.outputs['[1]']", None)
+    assert limits_for(ValidationSpec(), "forward", "[0]", "bfloat16") == (1.6e-2, 1.6e-2, 0.99, "default for bfloat16", None)
 
 
 def test_a_per_output_override_decides_that_output_only() -> None:

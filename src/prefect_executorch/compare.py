@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from prefect_executorch.quantization import DEFAULT_GATES
 from prefect_executorch.report import OutputComparison
 from prefect_executorch.spec import DEFAULT_MIN_COSINE, DEFAULT_TOLERANCES, ValidationSpec
 
@@ -14,10 +15,11 @@ if TYPE_CHECKING:
 class Limits(NamedTuple):
     """The tolerances one float output is held to, and the spec field they came from."""
 
-    atol: float
-    rtol: float
+    atol: float | None
+    rtol: float | None
     min_cosine: float
     source: str
+    max_rel_error: float | None = None
 
 
 def flatten_with_paths(value: Any) -> list[tuple[str, Any]]:
@@ -51,15 +53,23 @@ def default_tolerances(dtype: str, precision: str | None = None) -> tuple[float,
     return atol, rtol, min(DEFAULT_MIN_COSINE.get(n, 0.999) for n in names)
 
 
-def limits_for(spec: ValidationSpec, method: str, path: str, dtype: str, precision: str | None = None) -> Limits:
+def limits_for(spec: ValidationSpec, method: str, path: str, dtype: str, precision: str | None = None,
+               quantization: str | None = None) -> Limits:
     """Tolerances for one output: dtype defaults < validation < dtypes < outputs < methods.<m>.outputs.
 
     ``precision`` is a lower float type the program computes in (an FP16 engine fed FP32): the
-    defaults follow it.
+    defaults follow it. A ``quantization`` scheme's defaults are a cosine floor and a relative
+    error instead of element-wise tolerances (which a user may still set).
     """
-    atol, rtol, min_cosine = default_tolerances(dtype, precision)
-    limits = {"atol": atol, "rtol": rtol, "min_cosine": min_cosine}
-    source = f"default for {dtype}" + (f" computed in {precision}" if precision else "")
+    limits: dict[str, float | None]
+    if quantization is not None:
+        gate = DEFAULT_GATES[quantization]
+        limits = {"atol": None, "rtol": None, "min_cosine": gate.min_cosine, "max_rel_error": gate.max_rel_error}
+        source = f"default for {quantization} quantization"
+    else:
+        atol, rtol, min_cosine = default_tolerances(dtype, precision)
+        limits = {"atol": atol, "rtol": rtol, "min_cosine": min_cosine, "max_rel_error": None}
+        source = f"default for {dtype}" + (f" computed in {precision}" if precision else "")
     method_settings = spec.methods.get(method)
     layers = [
         ("validation", spec),
@@ -68,11 +78,12 @@ def limits_for(spec: ValidationSpec, method: str, path: str, dtype: str, precisi
         (f"validation.methods.{method}.outputs[{path!r}]", method_settings.outputs.get(path) if method_settings else None),
     ]
     for name, layer in layers:
-        given = {key: getattr(layer, key) for key in limits if layer is not None and getattr(layer, key) is not None}
+        given = {key: getattr(layer, key, None) for key in limits if getattr(layer, key, None) is not None}
         if given:
             limits.update(given)
             source = name
-    return Limits(limits["atol"], limits["rtol"], limits["min_cosine"], source)
+    assert limits["min_cosine"] is not None
+    return Limits(limits["atol"], limits["rtol"], limits["min_cosine"], source, limits["max_rel_error"])
 
 
 def _dtype_name(tensor: torch.Tensor) -> str:
@@ -115,8 +126,13 @@ def compare_tensor(
             "passed": fraction == 0.0,
             "reason": None if fraction == 0.0 else f"{fraction:.2%} of elements differ (exact match required for {dtype})",
         })
-    atol, rtol, min_cosine, source = limits
-    base = base.model_copy(update={"atol": atol, "rtol": rtol, "min_cosine": min_cosine, "tolerance_source": source})
+    atol, rtol, min_cosine, source, max_rel_error = limits
+    # Quantized defaults leave both unset (no element-wise check); one given turns it on, the other at 0.
+    elementwise = atol is not None or rtol is not None
+    if elementwise:
+        atol, rtol = atol or 0.0, rtol or 0.0
+    base = base.model_copy(update={"atol": atol, "rtol": rtol, "min_cosine": min_cosine, "tolerance_source": source,
+                                   "max_rel_error": max_rel_error})
     a, e = actual.double(), expected.double()
     nan_mismatch = bool((a.isnan() != e.isnan()).any() or (a.isinf() != e.isinf()).any()
                         or (a.isinf() & e.isinf() & (a.sign() != e.sign())).any())
@@ -131,20 +147,24 @@ def compare_tensor(
     max_abs = diff.max().item()
     nonzero = e.abs() > 0
     max_rel = (diff[nonzero] / e.abs()[nonzero]).max().item() if nonzero.any() else 0.0
-    fraction = (diff > atol + rtol * e.abs()).double().mean().item()
+    fraction = (diff > (atol or 0.0) + (rtol or 0.0) * e.abs()).double().mean().item() if elementwise else 0.0
+    rel_error = float((a - e).norm() / e.norm()) if e.norm() > 0 else (0.0 if torch.equal(a, e) else float("inf"))
     norms = a.norm() * e.norm()
     if norms > 0:
         cosine: float | None = float(torch.dot(a.flatten(), e.flatten()) / norms)
     else:
         cosine = 1.0 if torch.equal(a, e) else 0.0
     reason = None
-    if fraction > 0:
+    if max_rel_error is not None and rel_error > max_rel_error:
+        reason = (f"relative error |program - eager| / |eager| = {rel_error:.4g} > max_rel_error {max_rel_error:g} "
+                  f"from {source}")
+    elif fraction > 0:
         reason = (f"{fraction:.2%} of elements beyond atol={atol:g} + rtol={rtol:g}*|eager| from {source} "
                   f"(max abs error {max_abs:.3g}, max rel error {max_rel:.3g})")
     elif cosine is not None and cosine < min_cosine:
         reason = f"cosine similarity {cosine:.6f} < min_cosine {min_cosine:g} from {source}"
     return base.model_copy(update={"max_abs": max_abs, "max_rel": max_rel, "mismatch_fraction": fraction,
-                                   "cosine": cosine, "passed": reason is None, "reason": reason})
+                                   "cosine": cosine, "rel_error": rel_error, "passed": reason is None, "reason": reason})
 
 
 def compare_outputs(
@@ -154,6 +174,7 @@ def compare_outputs(
     method: str = "forward",
     output_spec: str | None = None,
     precision: str | None = None,
+    quantization: str | None = None,
 ) -> list[OutputComparison]:
     """Compare a program's flat outputs with eager's (possibly nested) result, matched by pytree path.
 
@@ -178,7 +199,7 @@ def compare_outputs(
         want_t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
         got_value = got_by_path.pop(path)
         got_t = got_value if isinstance(got_value, torch.Tensor) else torch.tensor(got_value)
-        limits = limits_for(spec, method, path, _dtype_name(want_t), precision)
+        limits = limits_for(spec, method, path, _dtype_name(want_t), precision, quantization)
         results.append(compare_tensor(path, got_t, want_t, limits, precision))
     results.extend(_failed(path, f"the program returns an output at {path} that eager does not", actual=value)
                    for path, value in got_by_path.items())

@@ -2,7 +2,9 @@
 
 Two shapes exist:
 
-- CPU: ``cpu-<backend>-<arch>``, e.g. ``cpu-xnnpack-x86_64``: runs on any host of that arch.
+- CPU: ``cpu-<backend>-<arch>[-<quantization>]``, e.g. ``cpu-xnnpack-x86_64``: runs on any host of that
+  arch; ``cpu-xnnpack-x86_64-int8da4wg32`` is a quantized build (its own key, so a float and a
+  quantized bundle of one version never share a key or an alias by accident).
 - GPU: ``<cuda channel>-<sm>[plus]-trt<major.minor>[plus]-<arch>``, e.g. ``cu132-sm90-trt11.1-x86_64``
   (an engine built for exactly SM 9.0 and TensorRT 11.1) or ``cu132-sm80plus-trt11.1plus-aarch64``
   (a hardware-compatible engine for Ampere and newer, version-compatible: TensorRT 11.1 or a newer
@@ -25,7 +27,7 @@ from prefect_executorch.spec import is_safe_name
 from prefect_executorch.toolchain import Toolchain
 from prefect_executorch.versions import parse_version
 
-_CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)$")
+_CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)(?:-(?P<quant>int8[a-z0-9]+))?$")
 _GPU_RE = re.compile(
     r"^(?P<channel>cu\d{3})-sm(?P<sm>\d{2,3})(?P<plus>plus)?"
     r"-trt(?P<trt>\d+\.\d+)(?P<trt_plus>plus)?-(?P<arch>[a-z0-9_]+)$"
@@ -39,6 +41,7 @@ class Compat(BaseModel):
     kind: Literal["cpu", "gpu"]
     arch: str
     backend: str | None = None
+    quantization: str | None = None
     cuda_channel: str | None = None
     sm: int | None = None
     sm_or_newer: bool = False
@@ -59,21 +62,22 @@ def parse_compat(key: str) -> Compat:
     # A compat key is a segment of a bundle key, so it obeys that rule too: it also keeps out what the
     # regexes let through ("$" matches before a final newline, \d matches other scripts' digits).
     if is_safe_name(key) and (match := _CPU_RE.match(key)):
-        return Compat(key=key, kind="cpu", backend=match["backend"], arch=match["arch"])
+        return Compat(key=key, kind="cpu", backend=match["backend"], arch=match["arch"], quantization=match["quant"])
     if is_safe_name(key) and (match := _GPU_RE.match(key)):
         return Compat(
             key=key, kind="gpu", arch=match["arch"], cuda_channel=match["channel"], sm=int(match["sm"]),
             sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_or_newer=bool(match["trt_plus"]),
         )
     raise SpecError(
-        f"compat: {key!r} is not a compat key; expected 'cpu-<backend>-<arch>' (cpu-xnnpack-x86_64) or "
+        f"compat: {key!r} is not a compat key; expected 'cpu-<backend>-<arch>' (cpu-xnnpack-x86_64; a quantized "
+        "build adds its scheme: cpu-xnnpack-x86_64-int8da4wg32) or "
         "'<cuXYZ>-sm<NN>[plus]-trt<major.minor>[plus]-<arch>' (cu132-sm90-trt11.1-x86_64)"
     )
 
 
-def cpu_compat(backend: str, arch: str) -> str:
-    """Build a CPU compat key."""
-    return parse_compat(f"cpu-{backend}-{arch}").key
+def cpu_compat(backend: str, arch: str, quantization: str | None = None) -> str:
+    """Build a CPU compat key; ``quantization`` (``int8da4wg32``) marks a quantized build."""
+    return parse_compat(f"cpu-{backend}-{arch}" + (f"-{quantization}" if quantization else "")).key
 
 
 def gpu_compat(cuda_channel: str | None, sm: str | None, arch: str, tensorrt: str | None, *, sm_or_newer: bool = False,
@@ -100,7 +104,10 @@ def fit(key: str, toolchain: Toolchain) -> Fit:
     if compat.arch != toolchain.arch:
         return Fit(ok=False, reason=f"built for {compat.arch}, this machine is {toolchain.arch}")
     if compat.kind == "cpu":
-        # A delegate (XNNPACK) beats portable kernels for the same model and arch.
+        # A delegate (XNNPACK) beats portable kernels for the same model and arch; a quantized build
+        # runs too but is never picked over a float one unless asked for by its key.
+        if compat.quantization:
+            return Fit(ok=True, rank=0)
         return Fit(ok=True, rank=1 if compat.backend == "portable" else 2)
     if toolchain.cuda_channel != compat.cuda_channel:
         found = toolchain.cuda_channel or "no CUDA"

@@ -15,6 +15,7 @@ from prefect_executorch.errors import ChildProcessFailed, ExportFailed
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.program import MethodFacts, read_program
+from prefect_executorch.quantization import QuantizationFacts
 from prefect_executorch.spec import BuildSpec, check_input_budget
 from prefect_executorch.targets import PROGRAM_FILE, get_target
 
@@ -38,6 +39,7 @@ class ExportedProgramDir(BaseModel):
     )
     weights_sha256: str | None = None
     seconds: float
+    quantization: QuantizationFacts | None = Field(None, description="How the model was quantized (None: float).")
     warnings: list[str] = Field(default_factory=list)
 
     @property
@@ -55,7 +57,8 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
     import torch
 
     from prefect_executorch.inputs import dynamic_shapes, example_inputs
-    from prefect_executorch.modelref import load_model, method_module
+    from prefect_executorch.modelref import load_model
+    from prefect_executorch.quantization import quantized_methods
 
     started = time.monotonic()
     req = ExportRequest.model_validate(request)
@@ -64,8 +67,9 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
     model = load_model(spec)
     programs = {}
     with torch.no_grad():
+        modules, quantization = quantized_methods(model, spec)
         for name, method in spec.methods.items():
-            module = method_module(model, name, method.attribute)
+            module = modules[name]
             args = example_inputs(method, seed=spec.validation.seed)
             try:
                 programs[name] = target.export_method(module, args, dynamic_shapes(method), spec)
@@ -89,6 +93,7 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
         delegation=delegation or {},
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,
         seconds=time.monotonic() - started,
+        quantization=quantization,
     )
 
 

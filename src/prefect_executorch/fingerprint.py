@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from prefect_executorch.errors import SpecError
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.modelref import module_source
+from prefect_executorch.quantization import torchao_version
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.toolchain import Toolchain
 
@@ -59,9 +60,18 @@ def normalized_spec(spec: BuildSpec) -> dict[str, object]:
         if settings.get("samples_file"):
             settings["samples_file"] = sha256_file(settings["samples_file"])
         if settings.get("dataset"):
-            function = settings["dataset"].rpartition(":")[2]
-            settings["dataset"] = f"{sha256_file(model_source_file(settings['dataset'], f'{field}.dataset'))}:{function}"
+            settings["dataset"] = _function_digest(settings["dataset"], f"{field}.dataset")
+    if data["quantization"] is None:
+        del data["quantization"]  # float builds keep the cache key they had before quantization existed
+    elif (data["quantization"].get("calibration") or {}).get("dataset"):  # type: ignore[union-attr]
+        calibration = data["quantization"]["calibration"]  # type: ignore[index]
+        calibration["dataset"] = _function_digest(calibration["dataset"], "quantization.calibration.dataset")
     return data
+
+
+def _function_digest(reference: str, field: str) -> str:
+    """``<sha256 of the defining file>:<function>``: a dataset counts by its source, not where it lives."""
+    return f"{sha256_file(model_source_file(reference, field))}:{reference.rpartition(':')[2]}"
 
 
 def build_fingerprint(spec: BuildSpec, toolchain: Toolchain, compat: str, store: str) -> BuildFingerprint:
@@ -70,7 +80,9 @@ def build_fingerprint(spec: BuildSpec, toolchain: Toolchain, compat: str, store:
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,
         model_source_sha256=sha256_file(model_source_file(spec.model)),
         spec=normalized_spec(spec),
-        toolchain={**toolchain.versions(), "os": toolchain.os, "arch": toolchain.arch},
+        toolchain={**toolchain.versions(), "os": toolchain.os, "arch": toolchain.arch,
+                   # torchao rounds the weights of a quantized build, so its version decides that bundle too.
+                   **({"torchao": torchao_version()} if spec.quantization else {})},
         compat=compat,
         store=store,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from prefect_executorch.delegation import DelegationFacts
+from prefect_executorch.quantization import QuantizationFacts
 
 
 class OutputComparison(BaseModel):
@@ -19,9 +20,11 @@ class OutputComparison(BaseModel):
     max_rel: float = 0.0
     mismatch_fraction: float = Field(default=0.0, description="Fraction of elements beyond atol + rtol * |eager|.")
     cosine: float | None = None
-    atol: float = 0.0
-    rtol: float = 0.0
+    rel_error: float | None = Field(default=None, description="|program - eager| / |eager| (L2 norms).")
+    atol: float | None = Field(default=0.0, description="None: no element-wise check (quantized builds' default).")
+    rtol: float | None = 0.0
     min_cosine: float | None = None
+    max_rel_error: float | None = Field(default=None, description="Limit on rel_error, if any.")
     tolerance_source: str | None = Field(default=None, description="The spec field the tolerances came from.")
     passed: bool
     reason: str | None = Field(default=None, description="Why it failed, naming the broken tolerance.")
@@ -41,11 +44,26 @@ class CaseResult(BaseModel):
     sample: int
     outputs: list[OutputComparison] = Field(default_factory=list)
     error: str | None = Field(default=None, description="Why the call itself failed, if it did.")
+    quantization_error: list[OutputComparison] = Field(
+        default_factory=list, description="Quantized builds: quantized eager vs float eager (what rounding costs)."
+    )
+    lowering_error: list[OutputComparison] = Field(
+        default_factory=list, description="Quantized builds: program vs quantized eager (what lowering adds)."
+    )
 
     @property
     def passed(self) -> bool:
         """Whether the call ran and every output matched."""
         return self.error is None and all(o.passed for o in self.outputs)
+
+    def error_split(self, path: str) -> str:
+        """A quantized build's error at ``path`` split into quantization and lowering, in words ('' if float)."""
+        parts = []
+        for what, comparisons in (("quantization alone", self.quantization_error), ("lowering", self.lowering_error)):
+            found = next((o for o in comparisons if o.path == path and o.rel_error is not None), None)
+            if found is not None:
+                parts.append(f"{what}: rel error {found.rel_error:.3g}, cosine {found.cosine or 0:.6f}")
+        return f" ({'; '.join(parts)})" if parts else ""
 
     @property
     def where(self) -> str:
@@ -127,6 +145,13 @@ class ValidationSummary(BaseModel):
     )
     latency_ratio: dict[str, float] = Field(default_factory=dict, description="Program / eager median latency.")
     gates_failed: list[str] = Field(default_factory=list)
+    quantization: QuantizationFacts | None = Field(default=None, description="How the build was quantized.")
+    quantization_rel_error: float | None = Field(
+        default=None, description="Worst |quantized eager - float eager| / |float eager| over all outputs."
+    )
+    lowering_rel_error: float | None = Field(
+        default=None, description="Worst |program - quantized eager| / |quantized eager| over all outputs."
+    )
 
 
 class ValidationReport(BaseModel):
@@ -140,6 +165,8 @@ class ValidationReport(BaseModel):
         default_factory=dict, description="First call of each method, which loads it and initialises its delegates."
     )
     used_data_file: bool = Field(description="Whether the program was loaded with its .ptd.")
+    quantization: QuantizationFacts | None = Field(default=None, description="How the build was quantized (None: float).")
+    file_sizes: dict[str, int] = Field(default_factory=dict, description="Bytes of the program and data files validated.")
     delegation: dict[str, DelegationFacts] = Field(
         default_factory=dict, description="Operators delegated per method, as recorded at export."
     )
@@ -177,7 +204,7 @@ class ValidationReport(BaseModel):
         case, out = worst
         where = f"{case.method}{out.path} at {case.shape_label} {case.input_shapes} (sample {case.sample})"
         if out.reason:
-            return f"{where}: {out.reason}"
+            return f"{where}: {out.reason}{case.error_split(out.path)}"
         cosine = f", cosine {out.cosine:.6f}" if out.cosine is not None else ""
         return f"{where}: max abs error {out.max_abs:.3g}{cosine}"
 
@@ -247,4 +274,11 @@ class ValidationReport(BaseModel):
             delegated_fraction={name: facts.fraction for name, facts in self.delegation.items()},
             latency_ratio={result.method: result.ratio for result in self.latency},
             gates_failed=[gate.describe() for gate in self.failed_gates()],
+            quantization=self.quantization,
+            quantization_rel_error=self._worst_rel_error("quantization_error"),
+            lowering_rel_error=self._worst_rel_error("lowering_error"),
         )
+
+    def _worst_rel_error(self, field: str) -> float | None:
+        errors = [o.rel_error for c in self.cases for o in getattr(c, field) if o.rel_error is not None]
+        return max(errors) if errors else None

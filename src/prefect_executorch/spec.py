@@ -293,6 +293,18 @@ class Tolerance(StrictModel):
     atol: float | None = Field(default=None, ge=0, description="Absolute tolerance.")
     rtol: float | None = Field(default=None, ge=0, description="Relative tolerance (times |eager|).")
     min_cosine: float | None = Field(default=None, ge=-1, le=1, description="Cosine similarity floor.")
+    max_rel_error: float | None = Field(
+        default=None, gt=0, description="Limit on |program - eager| / |eager| (L2 norms); quantized builds' default gate."
+    )
+
+
+def _function_reference(value: str | None) -> str | None:
+    """``value`` if it reads 'package.module:function' or 'path/to/file.py:function'."""
+    if value is not None:
+        module, sep, function = value.rpartition(":")
+        if not sep or not module or not function.isidentifier():
+            raise ValueError(f"{value!r} must be 'package.module:function' or 'path/to/file.py:function'")
+    return value
 
 
 class MethodValidation(StrictModel):
@@ -310,14 +322,7 @@ class MethodValidation(StrictModel):
         default_factory=dict, description="Tolerances by output path of this method, e.g. \"['logits']\" or '[1]'."
     )
 
-    @field_validator("dataset")
-    @classmethod
-    def _dataset_reference(cls, value: str | None) -> str | None:
-        if value is not None:
-            module, sep, function = value.rpartition(":")
-            if not sep or not module or not function.isidentifier():
-                raise ValueError(f"{value!r} must be 'package.module:function' or 'path/to/file.py:function'")
-        return value
+    _dataset_reference = field_validator("dataset")(lambda value: _function_reference(value))
 
 
 class ValidationSpec(StrictModel):
@@ -454,6 +459,50 @@ class TensorRTTarget(StrictModel):
 TargetSpec = Annotated[Union[XnnpackTarget, PortableTarget, TensorRTTarget], Field(discriminator="kind")]
 
 
+class CalibrationSpec(StrictModel):
+    """Where int8-static takes its activation ranges from: the validation samples, or a dataset."""
+
+    dataset: str | None = Field(
+        None, description="'package.module:function' or 'path/file.py:function' returning input tuples; "
+        "default: the validation samples."
+    )
+    max_samples: int = Field(32, ge=1, description="How many dataset samples to calibrate on at most.")
+
+    _dataset_reference = field_validator("dataset")(lambda value: _function_reference(value))
+
+
+class QuantizationSpec(StrictModel):
+    """Quantize the model before lowering: torchao for the dynamic schemes, PT2E for int8-static."""
+
+    scheme: str = Field(description="int8-dynamic | int8da4w | int8-weight-only | int8-static.")
+    group_size: int | None = Field(None, ge=2, description="Weights per scale of int8da4w (default 32).")
+    calibration: CalibrationSpec | None = Field(None, description="int8-static only; default: the validation samples.")
+
+    @field_validator("scheme")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        from prefect_executorch.quantization import SCHEMES
+
+        if value not in SCHEMES:
+            raise ValueError(f"unknown scheme {value!r}; choose one of {', '.join(SCHEMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _options_fit_scheme(self) -> QuantizationSpec:
+        if self.group_size is not None and self.scheme != "int8da4w":
+            raise ValueError(f"group_size applies to int8da4w only, not {self.scheme!r}; remove it")
+        if self.calibration is not None and self.scheme != "int8-static":
+            raise ValueError(f"calibration applies to int8-static only ({self.scheme!r} needs none); remove it")
+        return self
+
+    @property
+    def effective_group_size(self) -> int:
+        """``group_size``, or the default 32."""
+        from prefect_executorch.quantization import DEFAULT_GROUP_SIZE
+
+        return self.group_size or DEFAULT_GROUP_SIZE
+
+
 class BuildSpec(StrictModel):
     """Everything one build needs; loadable from YAML or JSON."""
 
@@ -465,6 +514,7 @@ class BuildSpec(StrictModel):
     target: TargetSpec = Field(default_factory=XnnpackTarget)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     external_weights: bool = Field(False, description="Store weights in a .ptd beside the .pte.")
+    quantization: QuantizationSpec | None = Field(None, description="Quantize before lowering (docs/quantization.md).")
     export_timeout_s: float = Field(1800, gt=0, description="Wall-time limit of the export child process.")
     export_memory_limit_mib: int | None = Field(
         None, ge=1024, description="Memory bound of the export child (MiB): address space on CPU targets, resident "
@@ -525,7 +575,10 @@ class BuildSpec(StrictModel):
 
     def canonical_json(self) -> str:
         """Key-sorted JSON of the spec, the basis of its hash."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if data["quantization"] is None:
+            del data["quantization"]  # float specs keep the hash (and cache key) they had before quantization existed
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def sha256(self) -> str:
         """sha256 of the canonical JSON."""
@@ -602,10 +655,24 @@ def _resolve_sample_paths(validation: Any, base_dir: Path) -> Any:
                 settings["samples_file"] = str((base_dir / settings["samples_file"]).resolve())
             dataset = settings.get("dataset")
             if isinstance(dataset, str) and ".py:" in dataset:
-                path, _, function = dataset.rpartition(":")
-                settings["dataset"] = f"{(base_dir / path).resolve()}:{function}"
+                settings["dataset"] = _resolve_file_reference(dataset, base_dir)
         methods[name] = settings
     return {**validation, "methods": methods}
+
+
+def _resolve_calibration_path(quantization: Any, base_dir: Path) -> Any:
+    """Resolve a ``.py`` calibration dataset against ``base_dir``."""
+    calibration = quantization.get("calibration") if isinstance(quantization, dict) else None
+    dataset = calibration.get("dataset") if isinstance(calibration, dict) else None
+    if not isinstance(calibration, dict) or not isinstance(dataset, str) or ".py:" not in dataset:
+        return quantization
+    return {**quantization, "calibration": {**calibration, "dataset": _resolve_file_reference(dataset, base_dir)}}
+
+
+def _resolve_file_reference(reference: str, base_dir: Path) -> str:
+    """'path/file.py:function' with the path made absolute against ``base_dir``."""
+    path, _, function = reference.rpartition(":")
+    return f"{(base_dir / path).resolve()}:{function}"
 
 
 def parse_spec(data: Any, base_dir: Path | None = None) -> BuildSpec:
@@ -616,13 +683,13 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> BuildSpec:
         data = dict(data)
         model = data.get("model")
         if isinstance(model, str) and ".py:" in model:
-            path, _, factory = model.rpartition(":")
-            data["model"] = f"{(base_dir / path).resolve()}:{factory}"
+            data["model"] = _resolve_file_reference(model, base_dir)
         weights = data.get("weights")
         if isinstance(weights, str):
             data["weights"] = str((base_dir / weights).resolve())
         if "validation" in data:
             data["validation"] = _resolve_sample_paths(data["validation"], base_dir)
+        data["quantization"] = _resolve_calibration_path(data.get("quantization"), base_dir)
     try:
         return BuildSpec.model_validate(data)
     except ValidationError as exc:

@@ -22,6 +22,7 @@ from prefect_executorch.errors import ChildProcessFailed, SpecError, ValidationF
 from prefect_executorch.inputs import load_dataset, load_samples_file, random_inputs, shape_points
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.modelref import load_model, method_callable
+from prefect_executorch.quantization import quantized_methods
 from prefect_executorch.report import CaseResult, GateResult, LatencyResult, ValidationReport
 from prefect_executorch.runtime import LoadedProgram
 from prefect_executorch.spec import BuildSpec, MethodValidation, ValidationSpec, check_input_budget
@@ -163,10 +164,27 @@ def _value_range(tensor: torch.Tensor) -> list[float] | None:
     return [float(tensor.min()), float(tensor.max())] if tensor.numel() else None
 
 
+def _split_errors(case: CaseResult, spec: BuildSpec, name: str, actual: list[Any], expected: Any,
+                  quantized: Any, output_spec: str | None) -> None:
+    """Quantized builds: set the case's quantization error (quantized vs float eager) and lowering error (program vs quantized)."""
+    from prefect_executorch.compare import flatten_with_paths
+
+    assert spec.quantization is not None
+    scheme = spec.quantization.scheme
+    case.quantization_error = compare_outputs([leaf for _, leaf in flatten_with_paths(quantized)], expected,
+                                              spec.validation, name, quantization=scheme)
+    case.lowering_error = compare_outputs(actual, quantized, spec.validation, name, output_spec, quantization=scheme)
+
+
 def _validate_method(
-    spec: BuildSpec, name: str, model: Any, program: LoadedProgram, first_calls: dict[str, float]
+    spec: BuildSpec, name: str, model: Any, program: LoadedProgram, first_calls: dict[str, float],
+    quantized: Callable[..., Any] | None = None,
 ) -> tuple[list[CaseResult], LatencyResult | None]:
-    """Run every case of one method on the program and on eager (on the program's device)."""
+    """Run every case of one method on the program and on eager (on the program's device).
+
+    ``quantized`` is the quantized eager method of a quantized build: the gate still compares the
+    program with the float model, and the case also records the two parts of that error.
+    """
     method = spec.methods[name]
     target = get_target(spec.target_name)
     eager = method_callable(model, name, method.attribute)
@@ -186,9 +204,12 @@ def _validate_method(
         except ValidationFailed as exc:
             case.error = str(exc)
         else:
-            case.outputs = compare_outputs(
-                actual, eager(*inputs), spec.validation, name, facts.output_spec if facts else None, precision
-            )
+            expected = eager(*inputs)
+            output_spec = facts.output_spec if facts else None
+            scheme = spec.quantization.scheme if spec.quantization else None
+            case.outputs = compare_outputs(actual, expected, spec.validation, name, output_spec, precision, scheme)
+            if quantized is not None:
+                _split_errors(case, spec, name, actual, expected, quantized(*inputs), output_spec)
             # Time the typical shape: the first case at 'opt' (or the first that ran).
             if timing is None or (label == "opt" and timing[0] != "opt"):
                 timing = (label, inputs, prepared)
@@ -220,8 +241,9 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     first_calls: dict[str, float] = {}
     seen_paths: set[str] = set()
     with torch.no_grad():
+        quantized, quantization = quantized_methods(model, spec) if spec.quantization else ({}, None)
         for name in spec.methods:
-            method_cases, method_latency = _validate_method(spec, name, model, program, first_calls)
+            method_cases, method_latency = _validate_method(spec, name, model, program, first_calls, quantized.get(name))
             seen_paths |= _check_output_overrides(spec.validation, name, method_cases)
             cases += method_cases
             latency += [method_latency] if method_latency else []
@@ -239,6 +261,8 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
         delegation=req.delegation,
         latency=latency,
         gates=gates,
+        quantization=quantization,
+        file_sizes={f: (bundle / f).stat().st_size for f in [req.program, *req.data_files]},
     )
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_executorch.compat import cpu_compat
 from prefect_executorch.delegation import DelegationFacts, delegation_facts
 from prefect_executorch.errors import ToolchainMismatch
+from prefect_executorch.quantization import check_scheme, compat_tag
 from prefect_executorch.targets.base import PROGRAM_FILE, WEIGHTS_TAG, Target
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class CpuTarget(Target):
     """What the CPU targets share: the compat key and the ExecuTorch check."""
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
+        check_scheme(spec, self.name)
         if toolchain.executorch is None:
             raise ToolchainMismatch(
                 f"target {self.name!r} needs ExecuTorch; install it with: pip install executorch==1.4.1"
@@ -45,7 +47,7 @@ class CpuTarget(Target):
         return []
 
     def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
-        return cpu_compat(self.name, toolchain.arch)
+        return cpu_compat(self.name, toolchain.arch, quantization=compat_tag(spec.quantization))
 
 
 class PortableTarget(CpuTarget):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from prefect_executorch.calls import Call, LiveSources, Ref, Slot, Step, check_calls, run_steps
 from prefect_executorch.compat import gpu_compat
 from prefect_executorch.errors import SpecError, ToolchainMismatch
+from prefect_executorch.quantization import check_scheme
 from prefect_executorch.spec import TensorRTTarget as TensorRTOptions
 from prefect_executorch.targets.base import PROGRAM_FILE, MemoryLimit, Target
 from prefect_executorch.hostprobe import channel_of
@@ -398,6 +399,7 @@ class TensorRTTarget(Target):
     name = "tensorrt"
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
+        check_scheme(spec, self.name)
         options = _options(spec)
         spec_problems = _spec_problems(spec, options) + _compile_option_problems(options, toolchain)
         if spec_problems:

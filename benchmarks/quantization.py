@@ -1,0 +1,115 @@
+"""Quantization: program size, build time and latency of float32, int8-dynamic and int8da4w XNNPACK builds.
+
+One weight-heavy MLP (two 1024 x 1024 linears, 8 MiB of float32 weights; ``--smoke``: 256 x 256) is
+exported and validated three times in one run: float32, int8-dynamic (int8 weights
+per channel) and int8da4w (int4 weights in groups of 32). Each build is validated against the float
+eager model with its scheme's default gates. The three programs are then loaded into this process
+and timed in interleaved rounds (so machine load hits all three alike); each one's median is set
+against the float32 program's.
+
+The last line is ``RESULT quantization ratio=<worst size ratio / its goal> goal=<=1 PASS|FAIL``:
+int8 <= 0.35x and int8da4w <= 0.22x of the float32 program, so a ratio <= 1 meets both; a build
+that fails its gates makes the run fail whatever the sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import report  # noqa: E402
+
+from prefect_executorch.exporter import export_program  # noqa: E402
+from prefect_executorch.spec import parse_spec  # noqa: E402
+from prefect_executorch.validator import validate_program  # noqa: E402
+
+#: ``wide_<width>``: two square linears (tests/models.py's ``Wide``), 8 MiB of float32 weights at 1024.
+MODELS = Path(__file__).resolve().parents[1] / "tests" / "models.py"
+#: Program size of each quantized build over the float32 program's, at most.
+GOALS = {"int8-dynamic": 0.35, "int8da4w": 0.22}
+
+
+def build(scheme: str | None, width: int, work: Path) -> dict[str, Any]:
+    """Export and validate one build; its size, times, gate result and latency."""
+    spec = parse_spec({
+        "name": "quantization", "version": scheme or "float32", "model": f"{MODELS}:wide_{width}", "target": "xnnpack",
+        "methods": {"forward": {"inputs": [{"name": "x", "shape": [8, width]}]}},
+        "validation": {"samples": 2, "latency_runs": 0},
+        **({"quantization": {"scheme": scheme}} if scheme else {}),
+    })
+    started = time.perf_counter()
+    export = export_program(spec, work / "out")
+    exported = time.perf_counter()
+    result = validate_program(spec, export.path, export.data_files, scratch_dir=work / "out")
+    validated = time.perf_counter()
+    summary = result.summary()
+    return {
+        "program": str(export.path / export.program),
+        "program_bytes": (export.path / export.program).stat().st_size,
+        "export_s": round(exported - started, 2), "validate_s": round(validated - exported, 2),
+        "build_s": round(validated - started, 2), "passed": result.passed,
+        "min_cosine_vs_float": summary.min_cosine_seen, "worst": summary.worst,
+        "quantization_rel_error": summary.quantization_rel_error, "lowering_rel_error": summary.lowering_rel_error,
+    }
+
+
+def interleaved_latency(programs: dict[str, str], width: int, rounds: int, runs: int) -> dict[str, float]:
+    """Median ms per call of each program, timed round-robin in this process (``runs`` calls per round)."""
+    import torch
+
+    from prefect_executorch.runtime import LoadedProgram
+
+    loaded = {name: LoadedProgram(Path(path)) for name, path in programs.items()}
+    inputs = (torch.rand(8, width) * 2 - 1,)
+    times: dict[str, list[float]] = {name: [] for name in loaded}
+    for program in loaded.values():
+        program.execute("forward", inputs)  # first call initialises XNNPACK: not timed
+    for _ in range(rounds):
+        for name, program in loaded.items():
+            for _ in range(runs):
+                started = time.perf_counter()
+                program.execute("forward", inputs)
+                times[name].append((time.perf_counter() - started) * 1000)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="Width 256 (0.5 MiB of weights): the small size CI runs.")
+    parser.add_argument("--rounds", type=int, default=10, help="Interleaved timing rounds.")
+    parser.add_argument("--runs", type=int, default=20, help="Timed calls of each program per round.")
+    args = parser.parse_args()
+    width = 256 if args.smoke else 1024
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    work = Path(tempfile.mkdtemp(prefix="bench-quantization-"))
+    # The first export of a process pays the export server's imports: not a cost of any scheme.
+    warm_up_s = build(None, 256, work)["build_s"]
+    rows = {name: build(scheme, width, work)
+            for name, scheme in (("float32", None), ("int8-dynamic", "int8-dynamic"), ("int8da4w", "int8da4w"))}
+    latency = interleaved_latency({name: row.pop("program") for name, row in rows.items()}, width, args.rounds, args.runs)
+    for name, row in rows.items():
+        row["program_median_ms"] = round(latency[name], 4)
+    base = rows["float32"]
+    for name, row in rows.items():
+        row["size_vs_float32"] = round(row["program_bytes"] / base["program_bytes"], 4)
+        row["build_time_vs_float32"] = round(row["build_s"] / base["build_s"], 3)
+        row["latency_vs_float32"] = round(row["program_median_ms"] / base["program_median_ms"], 3)
+        print(name, row)
+    worst = max(rows[name]["size_vs_float32"] / goal for name, goal in GOALS.items())
+    failed = [name for name, row in rows.items() if not row["passed"]]
+    figures: dict[str, Any] = {"weights_mib": round(2 * width * (width + 1) * 4 / 2**20, 2), **rows,
+                               "goals": {name: f"size <= {goal}x float32" for name, goal in GOALS.items()},
+                               "failed_gates": failed, "warm_up_s": warm_up_s}
+    # A build that fails its gates fails the run, whatever its size.
+    report("quantization", worst if not failed else float("inf"), "<=1", figures)
+
+
+if __name__ == "__main__":
+    main()
