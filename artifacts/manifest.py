@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from prefect_executorch import __version__
+from prefect_executorch.bundled import BundledFacts
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.program import MethodFacts
 from prefect_executorch.errors import SpecError
@@ -67,7 +68,7 @@ class FileEntry(BaseModel):
     path: str = Field(description="File name inside the bundle directory.")
     size: int
     sha256: str
-    role: str = Field(description="'program', 'data' (.ptd) or 'report'.")
+    role: str = Field(description="'program', 'data' (.ptd), 'bundled' (.bpte) or 'report'.")
 
     @field_validator("path")
     @classmethod
@@ -105,6 +106,7 @@ class Manifest(BaseModel):
     spec_sha256: str
     weights_sha256: str | None = None
     validation: ValidationSummary
+    bundled: BundledFacts | None = Field(None, description="The .bpte of the validation cases, or why there is none.")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")
 

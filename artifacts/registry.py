@@ -8,7 +8,7 @@ import shutil
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -25,6 +25,7 @@ from prefect_executorch.artifacts.manifest import (
 )
 from prefect_executorch.artifacts.signing import SigningSettings, canonical, seal, unseal
 from prefect_executorch.artifacts.store import ObjectStore
+from prefect_executorch.bundled import BUNDLED_FILE, bundled_facts
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import (
     BundleConflict,
@@ -52,9 +53,11 @@ class BundleRef(BaseModel):
     manifest_sha256: str
 
 
-def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports: list[str]) -> list[FileEntry]:
+def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports: list[str],
+                 bundled: list[str] | None = None) -> list[FileEntry]:
     """Size and sha256 of every file of a bundle directory, with its role."""
-    roles = [(program, "program")] + [(f, "data") for f in data_files] + [(f, "report") for f in reports]
+    roles = ([(program, "program")] + [(f, "data") for f in data_files] + [(f, "bundled") for f in bundled or []]
+             + [(f, "report") for f in reports])
     return [
         FileEntry(path=name, size=(bundle_dir / name).stat().st_size, sha256=sha256_file(bundle_dir / name), role=role)
         for name, role in roles
@@ -211,11 +214,12 @@ def verify_pairing(manifest: Manifest) -> None:
 
 
 def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str | None = None,
-         signing: SigningSettings | None = None) -> Manifest:
+         signing: SigningSettings | None = None, check: Callable[[Path, Manifest], Any] | None = None) -> Manifest:
     """Download a bundle into ``dest`` (which must not exist), verifying every file; all or nothing.
 
     ``manifest_sha256`` (an alias records it) pins the manifest itself; with a public key in
     ``signing`` (default: from the environment) the manifest must carry a signature it verifies.
+    ``check`` runs on the complete download before it is moved into place; if it raises, nothing is.
     """
     manifest, raw = read_manifest(store, key, (signing or SigningSettings()).verifier())
     if manifest_sha256 is not None and sha256_bytes(raw) != manifest_sha256:
@@ -239,6 +243,8 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
                     f"{entry.sha256} ({entry.size} bytes); the stored object is corrupt or was swapped"
                 )
         (staging / MANIFEST_FILE).write_bytes(raw)
+        if check is not None:
+            check(staging, manifest)
         os.rename(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -251,12 +257,14 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
     target = get_target(spec.target_name)
     bundle_dir = export.path
     (bundle_dir / VALIDATION_FILE).write_text(report.model_dump_json(indent=2))
+    bundled = bundled_facts(bundle_dir, export.program, report)
     return Manifest(
         name=spec.name,
         version=spec.version,
         target=spec.target_name,
         compat=target.compat(spec, toolchain),
-        files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE]),
+        files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE],
+                           [BUNDLED_FILE] if bundled.file else []),
         program=export.program,
         data_files=export.data_files,
         methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods, export.delegation),
@@ -266,6 +274,7 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
         spec_sha256=spec.sha256(),
         weights_sha256=export.weights_sha256,
         validation=report.summary(),
+        bundled=bundled,
     )
 
 
