@@ -253,10 +253,12 @@ def pull(
     opened = _open(store, endpoint_url)
     resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
     manifest = pull_bundle(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256, check=(
-        (lambda staged, got: run_bundled_cases(staged, got.target, got.data_files, got.bundled)) if run_cases else None))
+        (lambda staged, got: run_bundled_cases(staged, got.target, got.data_files, got.bundled, scratch_dir=to.parent))
+        if run_cases else None))
     console.print(f"[bold green]pulled[/] {resolved.key.prefix} ({resolved.reason}) into {to}")
     console.print(f"{len(manifest.files)} files verified; program {manifest.program}"
-                  + (f" with {', '.join(manifest.data_files)}" if manifest.data_files else ""))
+                  + (f" with {', '.join(manifest.data_files)}" if manifest.data_files else "")
+                  + ("; its bundled cases pass on this machine" if run_cases else ""))
 
 
 @app.command()
