@@ -122,7 +122,7 @@ def test_build_publish_promote_pull_run(built: Built, s3_env: SeaweedS3, tmp_pat
     assert isinstance(store, S3Store)
     assert built.ref.key.prefix == "convnet/1/xnnpack/cpu-xnnpack-x86_64"
     names = sorted(info.key for info in store.list("convnet/1/"))
-    files = ("manifest.json", "model.pte", "validation.json")
+    files = ("manifest.json", "model.bpte", "model.pte", "validation.json")
     assert names == [f"convnet/1/xnnpack/cpu-xnnpack-x86_64/{f}" for f in files]
     head = store.client.head_object(Bucket=built.bucket, Key=f"registry/{built.ref.key.key('model.pte')}",
                                     ChecksumMode="ENABLED")
