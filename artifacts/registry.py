@@ -306,7 +306,7 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
     target = get_target(spec.target_name)
     bundle_dir = export.path
     (bundle_dir / VALIDATION_FILE).write_text(report.model_dump_json(indent=2))
-    bundled = bundled_facts(bundle_dir, export.program, report)
+    bundled = bundled_facts(bundle_dir, export.program, spec.target_name, report)
     return Manifest(
         name=spec.name,
         version=spec.version,

@@ -33,19 +33,19 @@ def _validate(
 def validate_export(spec: BuildSpec, export: ExportedProgramDir, scratch_dir: Path) -> ValidationReport:
     """Run program and eager model on the same inputs; attach the tables; fail if a case or gate failed.
 
-    The cases are also written to a ``model.bpte`` (unless the program is too large), which
+    The cases are also written to a ``model.bpte`` (CPU targets, unless the program is too large), which
     ExecuTorch then runs in a fresh child: the bundle's own test cases must pass before it is published.
     """
     title = f"{spec.name}-{spec.version}-{spec.target_name}"
-    skipped = skip_reason(export.path / export.program)
+    skipped = skip_reason(export.path / export.program, spec.target_name)
     bundled_out = None if skipped else export.path / BUNDLED_FILE
     report = _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir, bundled_out)
-    if skipped:
-        get_run_logger().info("no %s: %s", BUNDLED_FILE, skipped)
-    else:
+    if (export.path / BUNDLED_FILE).is_file():
         check = verify_bundled(export.path, spec.target_name, export.data_files, method_cases(report),
                                scratch_dir=scratch_dir)
         require_bundled_passed(check, export.path)
+    else:
+        get_run_logger().info("no %s: %s", BUNDLED_FILE, skipped or "an input or output is not a tensor")
     return report
 
 

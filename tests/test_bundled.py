@@ -113,9 +113,11 @@ def test_a_tampered_expected_output_fails_naming_method_and_case(built: tuple[Pa
 def test_large_programs_go_without_and_the_manifest_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     program = tmp_path / "model.pte"
     program.write_bytes(b"\0" * (2 * 2**20))
-    assert skip_reason(program, BundledSettings(bundled_max_program_mib=4)) is None
+    assert skip_reason(program, "xnnpack", BundledSettings(bundled_max_program_mib=4)) is None
+    assert skip_reason(program, "tensorrt", BundledSettings(bundled_max_program_mib=4)) == (
+        "bundled cases are built for the xnnpack, portable targets only, not 'tensorrt'")
     monkeypatch.setenv("PREFECT_EXECUTORCH_BUNDLED_MAX_PROGRAM_MIB", "1.5")
-    facts = bundled_facts(tmp_path, "model.pte", ValidationReport(passed=True, cases=[], delegates={}, load_seconds=0.0, used_data_file=False))
+    facts = bundled_facts(tmp_path, "model.pte", "portable", ValidationReport(passed=True, cases=[], delegates={}, load_seconds=0.0, used_data_file=False))
     assert facts.file is None and not facts.methods
     assert facts.skipped == ("program is 2.0 MiB, above PREFECT_EXECUTORCH_BUNDLED_MAX_PROGRAM_MIB=1.5; "
                              "raise it to bundle the validation cases")

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     import torch
 
 BUNDLED_FILE = "model.bpte"
+#: Targets whose bundled cases are built and checked: the GPU path is not verified (on ExecuTorch 1.4 a
+#: device-resident output cannot even be read back from Python).
+BUNDLED_TARGETS = ("xnnpack", "portable")
 #: Recorded cases per method: (inputs, eager outputs flattened in the program's output order).
 Cases = dict[str, list[tuple[tuple["torch.Tensor", ...], list[Any]]]]
 
@@ -85,8 +88,10 @@ class VerifyBundledRequest(BaseModel):
     methods: dict[str, BundledMethod]
 
 
-def skip_reason(program: Path, settings: BundledSettings | None = None) -> str | None:
-    """Why ``program`` gets no ``.bpte`` (too large), or None when it gets one."""
+def skip_reason(program: Path, target: str, settings: BundledSettings | None = None) -> str | None:
+    """Why ``program`` gets no ``.bpte`` (its target, or its size), or None when it gets one."""
+    if target not in BUNDLED_TARGETS:
+        return f"bundled cases are built for the {', '.join(BUNDLED_TARGETS)} targets only, not {target!r}"
     limit = (settings or BundledSettings()).bundled_max_program_mib
     size_mib = program.stat().st_size / 2**20
     if size_mib > limit:
@@ -106,19 +111,27 @@ def method_cases(report: ValidationReport) -> dict[str, BundledMethod]:
     return methods
 
 
-def bundled_facts(bundle_dir: Path, program: str, report: ValidationReport) -> BundledFacts:
+def bundled_facts(bundle_dir: Path, program: str, target: str, report: ValidationReport) -> BundledFacts:
     """The manifest's record of the bundle's ``.bpte``: its cases, or why there is none."""
     if (bundle_dir / BUNDLED_FILE).is_file():
         return BundledFacts(file=BUNDLED_FILE, methods=method_cases(report))
-    return BundledFacts(skipped=skip_reason(bundle_dir / program) or "validation did not write one")
+    return BundledFacts(skipped=skip_reason(bundle_dir / program, target)
+                        or "validation did not write one (an output that is not a tensor, or it was run without)")
 
 
 def write_bundled(program: Path, cases: Cases, out: Path) -> None:
-    """Write ``out``: the exact bytes of ``program`` with every recorded case (child side: imports exir)."""
+    """Write ``out``: the exact bytes of ``program`` with every recorded case (child side: imports exir).
+
+    Nothing is written when an input or output is not a tensor: a BundledProgram holds tensor outputs only.
+    """
+    import torch
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
     from executorch.devtools.bundled_program.core import BundledProgram
     from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
 
+    values = [value for recorded in cases.values() for inputs, outputs in recorded for value in (*inputs, *outputs)]
+    if not all(isinstance(value, torch.Tensor) for value in values):
+        return
     suites = [
         MethodTestSuite(method_name=name, test_cases=[
             MethodTestCase(inputs=[t.contiguous().cpu() for t in inputs],
