@@ -136,7 +136,7 @@ def test_build_publish_promote_pull_run(built: Built, s3_env: SeaweedS3, tmp_pat
     dest = tmp_path / "fresh" / "convnet-prod"
     result = runner.invoke(app, ["pull", "convnet", "--alias", "prod", "--to", str(dest), "--store", built.url])
     assert result.exit_code == 0, result.output
-    assert "2 files verified" in result.output
+    assert "3 files verified" in result.output
     check_bundle_runs(built.spec, dest, verify_bundle_dir(dest))
 
     listing = Listing.model_validate_json(runner.invoke(app, ["ls", "convnet", "--json", "--store", built.url]).stdout)
