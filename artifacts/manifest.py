@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from prefect_executorch import __version__
+from prefect_executorch.bundled import BundledFacts
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.program import MethodFacts
 from prefect_executorch.errors import SpecError
@@ -73,7 +74,7 @@ class FileEntry(BaseModel):
     path: str = Field(description="File name inside the bundle directory.")
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    role: str = Field(description="'program', 'data' (.ptd) or 'report'.")
+    role: str = Field(description="'program', 'data' (.ptd), 'bundled' (.bpte) or 'report'.")
 
     @field_validator("path")
     @classmethod
@@ -112,6 +113,7 @@ class Manifest(BaseModel):
     weights_sha256: str | None = None
     quantization: QuantizationFacts | None = Field(None, description="Scheme, group size, calibration, torchao version.")
     validation: ValidationSummary
+    bundled: BundledFacts | None = Field(None, description="The .bpte of the validation cases, or why there is none.")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")
 

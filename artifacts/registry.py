@@ -8,7 +8,7 @@ import shutil
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -23,8 +23,17 @@ from prefect_executorch.artifacts.manifest import (
     method_entries,
     platform_facts,
 )
-from prefect_executorch.artifacts.signing import SigningSettings, canonical, seal, unseal
+from prefect_executorch.artifacts.signing import (
+    SIGNATURE_FILE,
+    SigningSettings,
+    canonical,
+    seal,
+    sign_directory,
+    unseal,
+    verify_directory,
+)
 from prefect_executorch.artifacts.store import ObjectStore
+from prefect_executorch.bundled import BUNDLED_FILE, bundled_facts
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import (
     BundleConflict,
@@ -52,9 +61,11 @@ class BundleRef(BaseModel):
     manifest_sha256: str
 
 
-def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports: list[str]) -> list[FileEntry]:
+def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports: list[str],
+                 bundled: list[str] | None = None) -> list[FileEntry]:
     """Size and sha256 of every file of a bundle directory, with its role."""
-    roles = [(program, "program")] + [(f, "data") for f in data_files] + [(f, "report") for f in reports]
+    roles = ([(program, "program")] + [(f, "data") for f in data_files] + [(f, "bundled") for f in bundled or []]
+             + [(f, "report") for f in reports])
     return [
         FileEntry(path=name, size=(bundle_dir / name).stat().st_size, sha256=sha256_file(bundle_dir / name), role=role)
         for name, role in roles
@@ -73,25 +84,25 @@ def list_bundles(store: ObjectStore, name: str, version: str | None = None) -> l
     return found
 
 
-def manifest_bytes(manifest: Manifest, signer: Any = None) -> bytes:
-    """The stored form of ``manifest``: sealed with its digest, signed when ``signer`` is given."""
-    return seal(manifest.model_dump(mode="json"), signer)
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The stored form of ``manifest``: sealed with its digest."""
+    return seal(manifest.model_dump(mode="json"))
 
 
-def parse_manifest(data: bytes, where: str, verifier: Any = None) -> Manifest:
-    """A manifest from its stored bytes; ``IntegrityError`` unless its digest (and signature) hold."""
-    document = unseal(data, where, verifier)
+def parse_manifest(data: bytes, where: str) -> Manifest:
+    """A manifest from its stored bytes; ``IntegrityError`` unless its digest holds."""
+    document = unseal(data, where)
     try:
         return Manifest.model_validate(document)
     except ValidationError as exc:
         raise IntegrityError(f"{where} is not a valid manifest: {exc}") from None
 
 
-def read_manifest(store: ObjectStore, key: BundleKey, verifier: Any = None) -> tuple[Manifest, bytes]:
+def read_manifest(store: ObjectStore, key: BundleKey) -> tuple[Manifest, bytes]:
     """The verified manifest of ``key`` and its stored bytes."""
     where = key.key(MANIFEST_FILE)
     data, _ = store.get_bytes(where)
-    manifest = parse_manifest(data, where, verifier)
+    manifest = parse_manifest(data, where)
     if manifest.key != key:
         raise IntegrityError(
             f"{where} describes {manifest.key.prefix}, not {key.prefix}: refusing a manifest "
@@ -148,19 +159,24 @@ def _release(store: ObjectStore, manifest: Manifest) -> None:
 
 def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest, *,
             signing: SigningSettings | None = None) -> BundleRef:
-    """Claim the key, upload the bundle's files, then its manifest with create-only semantics.
+    """Claim the key, upload the bundle's files (and signature), then its manifest with create-only semantics.
 
     Of concurrent publishers of one key exactly one succeeds; the others get ``BundleConflict`` and
     nothing they sent is visible. A retry of a failed publish (same files) resumes where it stopped.
+    With a signing key (default: from the environment) the bundle is signed as it will be pulled.
     """
     key = manifest.key
     manifest_key = key.key(MANIFEST_FILE)
-    body = manifest_bytes(manifest, (signing or SigningSettings()).signer())
+    body = manifest_bytes(manifest)
+    private_key = (signing or SigningSettings()).checked_signing_key()
+    signature = _sign(bundle_dir, manifest, body, private_key) if private_key else None
     if store.exists(manifest_key):
         raise _published_already(store, key)
     created = _claim(store, manifest)
     try:
         _upload_files(store, bundle_dir, manifest)
+        if signature is not None:
+            _put_signature(store, key, body, signature)
         try:
             store.put_bytes(manifest_key, body)
         except ObjectExists as exc:
@@ -173,6 +189,35 @@ def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest, *,
         raise
     _release(store, manifest)
     return BundleRef(store=store.url, key=key, manifest_key=manifest_key, manifest_sha256=sha256_bytes(body))
+
+
+def signature_key(key: BundleKey, manifest_body: bytes) -> str:
+    """Where the signature of one manifest is stored: named by the manifest's sha256, so that two attempts
+    at one bundle key never overwrite each other's signature and the manifest that lands finds its own."""
+    return key.key(f"{SIGNATURE_FILE}.{sha256_bytes(manifest_body)}")
+
+
+def _sign(bundle_dir: Path, manifest: Manifest, body: bytes, private_key: Path) -> bytes:
+    """``model.sig`` over the bundle exactly as a pull lays it out: its files and the final manifest."""
+    laid_out = bundle_dir / f".signing-{uuid.uuid4().hex[:8]}"
+    laid_out.mkdir()
+    try:
+        for entry in manifest.files:
+            os.link(bundle_dir / entry.path, laid_out / entry.path)
+        (laid_out / MANIFEST_FILE).write_bytes(body)
+        return sign_directory(laid_out, private_key)
+    finally:
+        shutil.rmtree(laid_out, ignore_errors=True)
+
+
+def _put_signature(store: ObjectStore, key: BundleKey, body: bytes, signature: bytes) -> None:
+    where = signature_key(key, body)
+    try:
+        store.put_bytes(where, signature)
+    except ObjectExists:
+        # Only a signature of these very manifest bytes lives here (a retry's, or a planted one): ours replaces it.
+        store.delete(where)
+        store.put_bytes(where, signature)
 
 
 def _published_already(store: ObjectStore, key: BundleKey) -> BundleConflict:
@@ -211,13 +256,15 @@ def verify_pairing(manifest: Manifest) -> None:
 
 
 def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str | None = None,
-         signing: SigningSettings | None = None) -> Manifest:
+         signing: SigningSettings | None = None, check: Callable[[Path, Manifest], Any] | None = None) -> Manifest:
     """Download a bundle into ``dest`` (which must not exist), verifying every file; all or nothing.
 
     ``manifest_sha256`` (an alias records it) pins the manifest itself; with a public key in
-    ``signing`` (default: from the environment) the manifest must carry a signature it verifies.
+    ``signing`` (default: from the environment) the bundle's ``model.sig`` must verify every file.
+    ``check`` runs on the complete download before it is moved into place; if it raises, nothing is.
     """
-    manifest, raw = read_manifest(store, key, (signing or SigningSettings()).verifier())
+    public_key = (signing or SigningSettings()).checked_public_key()
+    manifest, raw = read_manifest(store, key)
     if manifest_sha256 is not None and sha256_bytes(raw) != manifest_sha256:
         raise IntegrityError(
             f"{key.key(MANIFEST_FILE)}: sha256 {sha256_bytes(raw)} is not the {manifest_sha256} the alias recorded; "
@@ -239,6 +286,14 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
                     f"{entry.sha256} ({entry.size} bytes); the stored object is corrupt or was swapped"
                 )
         (staging / MANIFEST_FILE).write_bytes(raw)
+        try:
+            store.download_file(signature_key(key, raw), staging / SIGNATURE_FILE)
+        except BundleNotFound:
+            pass  # unsigned: refused below when a public key is set
+        if public_key is not None:
+            verify_directory(staging, public_key, key.prefix)
+        if check is not None:
+            check(staging, manifest)
         os.rename(staging, dest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -251,12 +306,14 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
     target = get_target(spec.target_name)
     bundle_dir = export.path
     (bundle_dir / VALIDATION_FILE).write_text(report.model_dump_json(indent=2))
+    bundled = bundled_facts(bundle_dir, export.program, spec, report)
     return Manifest(
         name=spec.name,
         version=spec.version,
         target=spec.target_name,
         compat=target.compat(spec, toolchain),
-        files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE]),
+        files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE],
+                           [BUNDLED_FILE] if bundled.file else []),
         program=export.program,
         data_files=export.data_files,
         methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods, export.delegation),
@@ -267,6 +324,7 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
         weights_sha256=export.weights_sha256,
         quantization=export.quantization,
         validation=report.summary(),
+        bundled=bundled,
     )
 
 
@@ -277,7 +335,10 @@ def verify_bundle_dir(bundle_dir: Path) -> Manifest:
         data = path.read_bytes()
     except FileNotFoundError:
         raise BundleNotFound(f"{bundle_dir} has no {MANIFEST_FILE}; pull a bundle or build one first") from None
-    manifest = parse_manifest(data, str(path), SigningSettings().verifier())
+    manifest = parse_manifest(data, str(path))
+    public_key = SigningSettings().checked_public_key()
+    if public_key is not None:
+        verify_directory(bundle_dir, public_key, str(bundle_dir))
     verify_pairing(manifest)
     for entry in manifest.files:
         file = bundle_dir / entry.path

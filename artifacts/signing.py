@@ -1,19 +1,25 @@
-"""Manifest seals: every manifest carries the sha256 of its canonical JSON; optionally an Ed25519 signature.
+"""Manifest seals and bundle signatures.
 
-The digest turns any corruption of ``manifest.json`` (a flipped byte, a truncated object, an edit)
-into an ``IntegrityError`` on every read, on any store. It covers the bytes as stored, not only the
+The seal: every manifest carries the sha256 of its canonical JSON. The digest turns any
+corruption of ``manifest.json`` (a flipped byte, a truncated object, an edit) into an
+``IntegrityError`` on every read, on any store. It covers the bytes as stored, not only the
 parsed values: a manifest must be byte for byte the serialization ``seal`` writes, because two
-spellings of one number (``…958`` and ``…959`` past a float's 17th digit, ``e`` and ``E``) parse alike. The signature, made with a private key only
-the publishers hold, additionally proves who wrote it: with a public key configured, pull refuses
-a manifest that it does not verify. Create a key pair with::
+spellings of one number (``…958`` and ``…959`` past a float's 17th digit, ``e`` and ``E``) parse alike.
 
-    openssl genpkey -algorithm ed25519 -out manifest-signing.pem
-    openssl pkey -in manifest-signing.pem -pubout -out manifest-signing.pub
+The signature (OpenSSF model signing, the sigstore/model-transparency format): with a private
+key, publish adds ``model.sig`` covering every other file of the bundle, manifest included;
+anyone verifies it with ``model_signing`` and the public key. With a public key configured, pull
+refuses a bundle that is unsigned, signed by another key, or edited. Create a key pair with::
+
+    openssl ecparam -name prime256v1 -genkey -noout -out bundle-signing.pem
+    openssl ec -in bundle-signing.pem -pubout -out bundle-signing.pub
+
+Manifests signed by the retired Ed25519 scheme (a ``signature`` field) still unseal: the field is
+outside the digest and is ignored (docs/store.md).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 from pathlib import Path
@@ -25,80 +31,102 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from prefect_executorch.errors import IntegrityError, SpecError
 
 DIGEST_FIELD = "digest"
-SIGNATURE_FIELD = "signature"
-_KEYGEN_HINT = "create one with `openssl genpkey -algorithm ed25519 -out key.pem` (see docs/store.md)"
+#: The retired Ed25519 signature of schema-2 manifests: outside the digest, ignored on read.
+LEGACY_SIGNATURE_FIELD = "signature"
+SIGNATURE_FILE = "model.sig"
+_KEYGEN_HINT = "create one with `openssl ecparam -name prime256v1 -genkey -noout -out key.pem` (see docs/store.md)"
 
 
 class SigningSettings(BaseSettings):
-    """Where the keys are; each field also reads ``PREFECT_EXECUTORCH_MANIFEST_<FIELD>`` from the environment."""
+    """Where the keys are; ``PREFECT_EXECUTORCH_SIGNING_KEY`` and ``PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY``."""
 
-    model_config = SettingsConfigDict(env_prefix="PREFECT_EXECUTORCH_MANIFEST_", extra="forbid")
+    model_config = SettingsConfigDict(env_prefix="PREFECT_EXECUTORCH_", extra="ignore")
 
     signing_key: Path | None = Field(
-        default=None, description="PEM Ed25519 private key; when set, publish signs every manifest with it.")
-    public_key: Path | None = Field(
-        default=None, description="PEM Ed25519 public key; when set, pull refuses manifests it did not sign.")
+        default=None, description="PEM EC (P-256) private key; when set, publish signs every bundle with it.")
+    signing_public_key: Path | None = Field(
+        default=None, description="PEM EC public key; when set, pull refuses bundles it does not verify.")
 
-    def signer(self) -> Any:
-        """The private key (an ``Ed25519PrivateKey``), or None when signing is off."""
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    def checked_signing_key(self) -> Path | None:
+        """The private key's path after checking it is a usable EC key, or None when signing is off."""
+        from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
         from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
         if self.signing_key is None:
             return None
-        key = _load(self.signing_key, "signing_key", lambda data: load_pem_private_key(data, password=None))
-        if not isinstance(key, Ed25519PrivateKey):
-            raise SpecError(f"manifest signing_key: {self.signing_key} holds a {type(key).__name__}, not an Ed25519 "
-                            f"private key; {_KEYGEN_HINT}")
-        return key
+        key = _load(self.signing_key, "SIGNING_KEY", lambda data: load_pem_private_key(data, password=None))
+        if not isinstance(key, EllipticCurvePrivateKey):
+            raise SpecError(f"PREFECT_EXECUTORCH_SIGNING_KEY: {self.signing_key} holds a {type(key).__name__}, not an "
+                            f"EC private key; {_KEYGEN_HINT}")
+        return self.signing_key
 
-    def verifier(self) -> Any:
-        """The public key (an ``Ed25519PublicKey``), or None when verification is off."""
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+    def checked_public_key(self) -> Path | None:
+        """The public key's path after checking it is an EC public key, or None when verification is off."""
+        from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
         from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
-        if self.public_key is None:
+        if self.signing_public_key is None:
             return None
-        key = _load(self.public_key, "public_key", load_pem_public_key)
-        if not isinstance(key, Ed25519PublicKey):
-            raise SpecError(f"manifest public_key: {self.public_key} holds a {type(key).__name__}, not an Ed25519 "
-                            f"public key; export it with `openssl pkey -in key.pem -pubout`")
-        return key
+        key = _load(self.signing_public_key, "SIGNING_PUBLIC_KEY", load_pem_public_key)
+        if not isinstance(key, EllipticCurvePublicKey):
+            raise SpecError(f"PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY: {self.signing_public_key} holds a "
+                            f"{type(key).__name__}, not an EC public key; export it with `openssl ec -in key.pem -pubout`")
+        return self.signing_public_key
 
 
-def _load(path: Path, field: str, parse: Any) -> Any:
+def _load(path: Path, setting: str, parse: Any) -> Any:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise SpecError(f"manifest {field}: cannot read {path} ({exc.strerror}); set "
-                        f"PREFECT_EXECUTORCH_MANIFEST_{field.upper()} to a PEM file") from None
+        raise SpecError(f"PREFECT_EXECUTORCH_{setting}: cannot read {path} ({exc.strerror}); set it to a PEM file") from None
     try:
         return parse(data)
     except (ValueError, TypeError):
         # The message of a failed parse can quote key material: never repeat it.
-        raise SpecError(f"manifest {field}: {path} is not a PEM key without a passphrase; {_KEYGEN_HINT}") from None
+        raise SpecError(f"PREFECT_EXECUTORCH_{setting}: {path} is not a PEM key without a passphrase; {_KEYGEN_HINT}") from None
 
 
-def key_id(public_key: Any) -> str:
-    """A short, stable name of a public key: sha256 of its raw bytes, 16 hex digits."""
-    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+def _hashing() -> Any:
+    from model_signing import hashing
 
-    return hashlib.sha256(public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)).hexdigest()[:16]
+    # Recorded in the signature, so model_signing's verifier (and its CLI) leaves the signature out too.
+    return hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILE])
+
+
+def sign_directory(directory: Path, private_key: Path) -> bytes:
+    """Sign every file of ``directory`` with model_signing; the ``model.sig`` it wrote, as bytes."""
+    from model_signing import signing
+
+    signing.Config().use_elliptic_key_signer(private_key=private_key).set_hashing_config(_hashing()).sign(
+        directory, directory / SIGNATURE_FILE)
+    return (directory / SIGNATURE_FILE).read_bytes()
+
+
+def verify_directory(directory: Path, public_key: Path, where: str) -> None:
+    """``IntegrityError`` unless ``directory/model.sig`` verifies every other file of it with ``public_key``."""
+    from model_signing import verifying
+
+    if not (directory / SIGNATURE_FILE).is_file():
+        raise IntegrityError(f"{where} is not signed (no {SIGNATURE_FILE}), and PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY "
+                             "is set: refusing it; publish it again with PREFECT_EXECUTORCH_SIGNING_KEY")
+    try:
+        verifying.Config().use_elliptic_key_verifier(public_key=public_key).set_hashing_config(_hashing()).verify(
+            directory, directory / SIGNATURE_FILE)
+    except Exception as exc:  # noqa: BLE001 - model_signing raises ValueError and the crypto library's own errors
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise IntegrityError(f"{where}: {SIGNATURE_FILE} does not verify with the public key "
+                             f"{public_key} ({first}); the bundle was signed by another key or edited after "
+                             "signing: refusing it") from None
 
 
 def canonical(document: dict[str, Any]) -> bytes:
-    """The bytes the digest and the signature cover: sorted keys, no whitespace, UTF-8."""
+    """The bytes the digest covers: sorted keys, no whitespace, UTF-8."""
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
-def seal(document: dict[str, Any], signer: Any = None) -> bytes:
-    """``document`` as stored JSON, with its digest and (with ``signer``) its signature."""
-    body = canonical(document)
-    sealed = {**document, DIGEST_FIELD: hashlib.sha256(body).hexdigest()}
-    if signer is not None:
-        sealed[SIGNATURE_FIELD] = {"key_id": key_id(signer.public_key()),
-                                   "ed25519": base64.b64encode(signer.sign(body)).decode()}
-    return _stored(sealed)
+def seal(document: dict[str, Any]) -> bytes:
+    """``document`` as stored JSON, with its digest."""
+    return _stored({**document, DIGEST_FIELD: hashlib.sha256(canonical(document)).hexdigest()})
 
 
 def _stored(sealed: dict[str, Any]) -> bytes:
@@ -106,17 +134,15 @@ def _stored(sealed: dict[str, Any]) -> bytes:
     return json.dumps(sealed, indent=2, ensure_ascii=False).encode()
 
 
-def unseal(data: bytes, where: str, verifier: Any = None) -> dict[str, Any]:
-    """The document in ``data`` after checking its digest (and, with ``verifier``, its signature)."""
-    from cryptography.exceptions import InvalidSignature
-
+def unseal(data: bytes, where: str) -> dict[str, Any]:
+    """The document in ``data`` after checking its digest."""
     try:
         document = json.loads(data)
         if not isinstance(document, dict):
             raise ValueError(f"a JSON {type(document).__name__}, not an object")
         as_sealed = _stored(document)
         digest = document.pop(DIGEST_FIELD, None)
-        signature = document.pop(SIGNATURE_FIELD, None)
+        document.pop(LEGACY_SIGNATURE_FIELD, None)
         body = canonical(document)
     except (ValueError, UnicodeDecodeError) as exc:
         raise IntegrityError(f"{where} is not a valid manifest ({exc}); the object is corrupt") from None
@@ -126,15 +152,4 @@ def unseal(data: bytes, where: str, verifier: Any = None) -> dict[str, Any]:
     if as_sealed != data:
         raise IntegrityError(f"{where}: its bytes are not the ones that were sealed (same values, other spelling or "
                              "layout); the manifest is corrupt or was edited after it was published: refusing it")
-    if verifier is None:
-        return document
-    if not isinstance(signature, dict):
-        raise IntegrityError(f"{where} is not signed, and a manifest public key is configured: refusing it")
-    if signature.get("key_id") != key_id(verifier):
-        raise IntegrityError(f"{where} is signed by key {signature.get('key_id')!r}, not by the configured public key "
-                             f"{key_id(verifier)}: refusing it")
-    try:
-        verifier.verify(base64.b64decode(str(signature.get("ed25519", "")), validate=True), body)
-    except (InvalidSignature, ValueError):
-        raise IntegrityError(f"{where}: its Ed25519 signature does not verify: refusing it") from None
     return document

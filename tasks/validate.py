@@ -8,6 +8,7 @@ from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.manifest import Manifest
 from prefect_executorch.artifacts.reports import publish_validation_artifacts
+from prefect_executorch.bundled import BUNDLED_FILE, method_cases, require_bundled_passed, skip_reason, verify_bundled
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.report import ValidationReport
@@ -17,9 +18,10 @@ from prefect_executorch.validator import require_passed, validate_program
 
 def _validate(
     spec: BuildSpec, title: str, bundle_dir: Path, data_files: list[str], delegation: dict[str, DelegationFacts],
-    scratch_dir: Path,
+    scratch_dir: Path, bundled_out: Path | None = None,
 ) -> ValidationReport:
-    report = validate_program(spec, bundle_dir, data_files, scratch_dir=scratch_dir, delegation=delegation)
+    report = validate_program(spec, bundle_dir, data_files, scratch_dir=scratch_dir, delegation=delegation,
+                              bundled_out=bundled_out)
     publish_validation_artifacts(title, report)
     get_run_logger().info("validation of %s %s: %s", title, "passed" if report.passed else "FAILED",
                           report.describe_worst())
@@ -29,9 +31,22 @@ def _validate(
 
 @task(name="validate")
 def validate_export(spec: BuildSpec, export: ExportedProgramDir, scratch_dir: Path) -> ValidationReport:
-    """Run program and eager model on the same inputs; attach the tables; fail if a case or gate failed."""
+    """Run program and eager model on the same inputs; attach the tables; fail if a case or gate failed.
+
+    The cases are also written to a ``model.bpte`` (CPU targets, unless the program is too large), which
+    ExecuTorch then runs in a fresh child: the bundle's own test cases must pass before it is published.
+    """
     title = f"{spec.name}-{spec.version}-{spec.target_name}"
-    return _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir)
+    skipped = skip_reason(export.path / export.program, spec)
+    bundled_out = None if skipped else export.path / BUNDLED_FILE
+    report = _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir, bundled_out)
+    if (export.path / BUNDLED_FILE).is_file():
+        check = verify_bundled(export.path, spec.target_name, export.data_files, method_cases(report),
+                               scratch_dir=scratch_dir)
+        require_bundled_passed(check, export.path)
+    else:
+        get_run_logger().info("no %s: %s", BUNDLED_FILE, skipped or "an input or output is not a tensor")
+    return report
 
 
 @task(name="revalidate")

@@ -58,7 +58,7 @@ def test_convnet_dynamic_batch_end_to_end(make_spec, tmp_path: Path) -> None:
     ref = build_bundle(spec, store=str(store.root), output=str(tmp_path / "out"))
     assert ref.key.prefix == "convnet/1/xnnpack/cpu-xnnpack-x86_64"
     bundle = store.root / ref.key.prefix
-    assert sorted(p.name for p in bundle.iterdir()) == ["manifest.json", "model.pte", "validation.json"]
+    assert sorted(p.name for p in bundle.iterdir()) == ["manifest.json", "model.bpte", "model.pte", "validation.json"]
     manifest = verify_bundle_dir(bundle)
     for entry in manifest.files:
         assert sha256_file(bundle / entry.path) == entry.sha256

@@ -122,7 +122,7 @@ def test_build_publish_promote_pull_run(built: Built, s3_env: SeaweedS3, tmp_pat
     assert isinstance(store, S3Store)
     assert built.ref.key.prefix == "convnet/1/xnnpack/cpu-xnnpack-x86_64"
     names = sorted(info.key for info in store.list("convnet/1/"))
-    files = ("manifest.json", "model.pte", "validation.json")
+    files = ("manifest.json", "model.bpte", "model.pte", "validation.json")
     assert names == [f"convnet/1/xnnpack/cpu-xnnpack-x86_64/{f}" for f in files]
     head = store.client.head_object(Bucket=built.bucket, Key=f"registry/{built.ref.key.key('model.pte')}",
                                     ChecksumMode="ENABLED")
@@ -136,7 +136,7 @@ def test_build_publish_promote_pull_run(built: Built, s3_env: SeaweedS3, tmp_pat
     dest = tmp_path / "fresh" / "convnet-prod"
     result = runner.invoke(app, ["pull", "convnet", "--alias", "prod", "--to", str(dest), "--store", built.url])
     assert result.exit_code == 0, result.output
-    assert "2 files verified" in result.output
+    assert "3 files verified" in result.output
     check_bundle_runs(built.spec, dest, verify_bundle_dir(dest))
 
     listing = Listing.model_validate_json(runner.invoke(app, ["ls", "convnet", "--json", "--store", built.url]).stdout)

@@ -193,6 +193,19 @@ def inspect(bundle_dir: Path = typer.Argument(..., help="A bundle directory (wit
 
 @app.command()
 @handle_errors
+def verify(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with manifest.json and model.bpte).")) -> None:
+    """Check every file against the manifest, then run the bundle's own test cases on this machine."""
+    from prefect_executorch.artifacts.registry import verify_bundle_dir
+    from prefect_executorch.bundled import run_bundled_cases
+
+    manifest = verify_bundle_dir(bundle_dir)
+    check = run_bundled_cases(bundle_dir, manifest.target, manifest.data_files, manifest.bundled)
+    console.print(f"[bold green]all {len(check.results)} bundled cases pass on this machine[/] "
+                  f"({', '.join(sorted({r.method for r in check.results}))})")
+
+
+@app.command()
+@handle_errors
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show what this machine can build: versions, CUDA channel, GPUs, OS and arch."""
     from prefect_executorch.toolchain import probe as run_probe
@@ -230,17 +243,22 @@ def pull(
     compat: str = typer.Option("auto", "--compat", help="'auto' (fits this machine) or a compat key."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+    run_cases: bool = typer.Option(False, "--verify", help="Also run the bundle's test cases (model.bpte) here first."),
 ) -> None:
     """Download a bundle, verify every sha256 and the .pte/.ptd pairing, then move it into place."""
     from prefect_executorch.artifacts.catalog import resolve
     from prefect_executorch.artifacts.registry import pull as pull_bundle
+    from prefect_executorch.bundled import run_bundled_cases
 
     opened = _open(store, endpoint_url)
     resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
-    manifest = pull_bundle(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256)
+    manifest = pull_bundle(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256, check=(
+        (lambda staged, got: run_bundled_cases(staged, got.target, got.data_files, got.bundled, scratch_dir=to.parent))
+        if run_cases else None))
     console.print(f"[bold green]pulled[/] {resolved.key.prefix} ({resolved.reason}) into {to}")
     console.print(f"{len(manifest.files)} files verified; program {manifest.program}"
-                  + (f" with {', '.join(manifest.data_files)}" if manifest.data_files else ""))
+                  + (f" with {', '.join(manifest.data_files)}" if manifest.data_files else "")
+                  + ("; its bundled cases pass on this machine" if run_cases else ""))
 
 
 @app.command()

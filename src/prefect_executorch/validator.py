@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.compare import compare_outputs
+from prefect_executorch.bundled import Cases, write_bundled
+from prefect_executorch.compare import compare_outputs, flatten_with_paths
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import ChildProcessFailed, SpecError, ValidationFailed
 from prefect_executorch.inputs import load_dataset, load_samples_file, random_inputs, shape_points
@@ -44,6 +45,7 @@ class ValidateRequest(BaseModel):
     program: str = PROGRAM_FILE
     data_files: list[str] = Field(default_factory=list)
     delegation: dict[str, DelegationFacts] = Field(default_factory=dict)
+    bundled_out: str | None = Field(default=None, description="Where to write the .bpte of the cases, if they all pass.")
 
 
 def case_inputs(spec: BuildSpec, name: str, method: MethodSpec) -> Iterator[tuple[str, int, Inputs]]:
@@ -177,10 +179,10 @@ def _split_errors(case: CaseResult, spec: BuildSpec, name: str, actual: list[Any
 
 
 def _validate_method(
-    spec: BuildSpec, name: str, model: Any, program: LoadedProgram, first_calls: dict[str, float],
+    spec: BuildSpec, name: str, model: Any, program: LoadedProgram, first_calls: dict[str, float], recorded: Cases,
     quantized: Callable[..., Any] | None = None,
 ) -> tuple[list[CaseResult], LatencyResult | None]:
-    """Run every case of one method on the program and on eager (on the program's device).
+    """Run every case of one method on the program and on eager (on the program's device); record what ran.
 
     ``quantized`` is the quantized eager method of a quantized build: the gate still compares the
     program with the float model, and the case also records the two parts of that error.
@@ -210,6 +212,7 @@ def _validate_method(
             case.outputs = compare_outputs(actual, expected, spec.validation, name, output_spec, precision, scheme)
             if quantized is not None:
                 _split_errors(case, spec, name, actual, expected, quantized(*inputs), output_spec)
+            recorded.setdefault(name, []).append((host_inputs, [leaf for _, leaf in flatten_with_paths(expected)]))
             # Time the typical shape: the first case at 'opt' (or the first that ran).
             if timing is None or (label == "opt" and timing[0] != "opt"):
                 timing = (label, inputs, prepared)
@@ -240,10 +243,12 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     latency: list[LatencyResult] = []
     first_calls: dict[str, float] = {}
     seen_paths: set[str] = set()
+    recorded: Cases = {}
     with torch.no_grad():
         quantized, quantization = quantized_methods(model, spec) if spec.quantization else ({}, None)
         for name in spec.methods:
-            method_cases, method_latency = _validate_method(spec, name, model, program, first_calls, quantized.get(name))
+            method_cases, method_latency = _validate_method(spec, name, model, program, first_calls, recorded,
+                                                            quantized.get(name))
             seen_paths |= _check_output_overrides(spec.validation, name, method_cases)
             cases += method_cases
             latency += [method_latency] if method_latency else []
@@ -251,6 +256,8 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     if unknown:
         raise SpecError(f"validation.outputs: no method has an output at {unknown}; outputs are {sorted(seen_paths)}")
     gates = check_gates(spec.validation, list(spec.methods), req.delegation, latency)
+    if req.bundled_out and all(case.passed for case in cases):
+        write_bundled(bundle / req.program, recorded, Path(req.bundled_out))
     return ValidationReport(
         passed=all(case.passed for case in cases) and all(gate.passed for gate in gates),
         cases=cases,
@@ -273,14 +280,19 @@ def validate_program(
     *,
     scratch_dir: Path,
     delegation: dict[str, DelegationFacts] | None = None,
+    bundled_out: Path | None = None,
 ) -> ValidationReport:
-    """Validate the program in ``bundle_dir`` against eager; a crash, hang or memory blow-up of the child fails it."""
+    """Validate the program in ``bundle_dir`` against eager; a crash, hang or memory blow-up of the child fails it.
+
+    With ``bundled_out``, the child also writes there the ``.bpte`` of the cases when they all pass.
+    """
     bound = get_target(spec.target_name).memory_limit("validate", spec.validation.memory_limit_mib)
     check_input_budget(spec, bound.mib * 2**20 if bound else None, "validation.memory_limit_mib")
     try:
         report = run_isolated(
             "validate",
-            ValidateRequest(spec=spec, bundle_dir=str(bundle_dir), data_files=data_files, delegation=delegation or {}),
+            ValidateRequest(spec=spec, bundle_dir=str(bundle_dir), data_files=data_files, delegation=delegation or {},
+                            bundled_out=str(bundled_out) if bundled_out else None),
             ValidationReport,
             timeout_s=spec.validation.timeout_s,
             scratch_dir=scratch_dir,

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from realbundle import RealBundle, store_kind
-from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey
-from prefect_executorch.artifacts.registry import BundleRef, publish, pull
-from prefect_executorch.artifacts.signing import SigningSettings, seal
+from prefect_executorch.artifacts.manifest import MANIFEST_FILE, VALIDATION_FILE, BundleKey
+from prefect_executorch.artifacts.registry import BundleRef, publish, pull, signature_key, verify_bundle_dir
+from prefect_executorch.artifacts.signing import SIGNATURE_FILE, SigningSettings, seal
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import IntegrityError, SpecError
 
@@ -119,45 +120,71 @@ def test_manifest_pointing_outside_its_prefix_is_refused(real_bundle: Callable[[
     record_fault("integrity", f"manifest pointing outside its prefix ({store_kind(any_store)})", injected=2)
 
 
-def key_pair(directory: Path, name: str) -> SigningSettings:
-    """A new Ed25519 key pair as PEM files, and the settings that use it for signing and verifying."""
-    key = Ed25519PrivateKey.generate()
+def key_pair(directory: Path, name: str) -> tuple[Path, Path]:
+    """A new EC P-256 key pair as PEM files: (private, public)."""
+    key = ec.generate_private_key(ec.SECP256R1())
     directory.mkdir(parents=True, exist_ok=True)
     private, public = directory / f"{name}.pem", directory / f"{name}.pub"
     private.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
     public.write_bytes(key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
-    return SigningSettings(signing_key=private, public_key=public)
+    return private, public
 
 
-def test_signed_manifests(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore, record_fault: Any,
-                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_signed_bundles(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore, record_fault: Any,
+                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from model_signing import hashing, verifying
+
     convnet = real_bundle("convnet")
-    ours, theirs = key_pair(tmp_path / "keys", "ours"), key_pair(tmp_path / "keys", "theirs")
-    signed = publish(any_store, *convnet.variant(tmp_path / "a", version="50"), signing=ours)
+    (ours, ours_public), (theirs, _) = key_pair(tmp_path / "keys", "ours"), key_pair(tmp_path / "keys", "theirs")
+    signed = publish(any_store, *convnet.variant(tmp_path / "a", version="50"), signing=SigningSettings(signing_key=ours))
     unsigned = publish(any_store, *convnet.variant(tmp_path / "b", version="51"), signing=SigningSettings())
-    by_them = publish(any_store, *convnet.variant(tmp_path / "c", version="52"), signing=theirs)
-    assert pull(any_store, signed.key, tmp_path / "ok", signing=ours).version == "50"
+    by_them = publish(any_store, *convnet.variant(tmp_path / "c", version="52"),
+                      signing=SigningSettings(signing_key=theirs))
+    assert pull(any_store, signed.key, tmp_path / "ok", signing=SigningSettings(signing_public_key=ours_public)).version == "50"
+    # What a consumer runs: model_signing's own verifier, the public key, the signature left out of the hash.
+    assert sorted(p.name for p in (tmp_path / "ok").iterdir()) == sorted(
+        [e.path for e in convnet.manifest.files] + [MANIFEST_FILE, SIGNATURE_FILE])
+    verifying.Config().use_elliptic_key_verifier(public_key=ours_public).set_hashing_config(
+        hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILE])).verify(tmp_path / "ok", tmp_path / "ok" / SIGNATURE_FILE)
     # The public key from the environment, as a deployment would configure it.
-    monkeypatch.setenv("PREFECT_EXECUTORCH_MANIFEST_PUBLIC_KEY", str(ours.public_key))
-    refused(any_store, unsigned.key, tmp_path / "out" / "b", "is not signed, and a manifest public key is configured")
-    refused(any_store, by_them.key, tmp_path / "out" / "c", "is signed by key .*, not by the configured public key")
-    # Edited and sealed again (a valid digest), but the signature no longer covers it.
+    monkeypatch.setenv("PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY", str(ours_public))
+    refused(any_store, unsigned.key, tmp_path / "out" / "b", "is not signed .*PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY is set")
+    refused(any_store, by_them.key, tmp_path / "out" / "c", "model.sig does not verify with the public key")
+    # Edited and sealed again (a valid digest), the signature copied to where the edited manifest looks for it.
     document = json.loads(any_store.get_bytes(signed.manifest_key)[0])
     document["validation"]["passed"] = not document["validation"]["passed"]
-    signature = document.pop("signature")
     del document["digest"]
-    forged = json.loads(seal(document))
-    overwrite(any_store, signed.manifest_key,
-              json.dumps({**forged, "signature": signature}, indent=2, ensure_ascii=False).encode())
-    refused(any_store, signed.key, tmp_path / "out" / "a", "its Ed25519 signature does not verify")
-    record_fault("integrity", f"unsigned / foreign-signed / forged manifest, key configured ({store_kind(any_store)})",
-                 injected=3)
+    forged = seal(document)
+    signature, _ = any_store.get_bytes(signature_key(signed.key, any_store.get_bytes(signed.manifest_key)[0]))
+    overwrite(any_store, signed.manifest_key, forged)
+    any_store.put_bytes(signature_key(signed.key, forged), signature)
+    refused(any_store, signed.key, tmp_path / "out" / "a", "model.sig does not verify .*edited after signing")
+    # A file of the pulled bundle edited on disk.
+    (tmp_path / "ok" / VALIDATION_FILE).write_text("{}")
+    with pytest.raises(IntegrityError, match="model.sig does not verify"):
+        verify_bundle_dir(tmp_path / "ok")
+    record_fault("integrity", f"unsigned / foreign-signed / edited bundle, key configured ({store_kind(any_store)})",
+                 injected=4)
+
+
+def test_bundles_signed_by_the_retired_ed25519_scheme_stay_readable(published: BundleRef, any_store: ObjectStore,
+                                                                    tmp_path: Path) -> None:
+    raw = any_store.get_bytes(published.manifest_key)[0]
+    document = json.loads(raw)
+    legacy = json.dumps({**document, "signature": {"key_id": "0123456789abcdef", "ed25519": "c2ln"}},
+                        indent=2, ensure_ascii=False).encode()
+    overwrite(any_store, published.manifest_key, legacy)
+    assert pull(any_store, published.key, tmp_path / "legacy").version == published.key.version
 
 
 def test_unusable_keys_name_the_setting(tmp_path: Path) -> None:
     (tmp_path / "not-a-key.pem").write_text("-----BEGIN PRIVATE KEY-----\nsecret-ish\n-----END PRIVATE KEY-----\n")
-    with pytest.raises(SpecError, match="manifest signing_key: .* is not a PEM key") as info:
-        SigningSettings(signing_key=tmp_path / "not-a-key.pem").signer()
+    with pytest.raises(SpecError, match="PREFECT_EXECUTORCH_SIGNING_KEY: .* is not a PEM key") as info:
+        SigningSettings(signing_key=tmp_path / "not-a-key.pem").checked_signing_key()
     assert "secret-ish" not in str(info.value)
-    with pytest.raises(SpecError, match="manifest public_key: cannot read .*PREFECT_EXECUTORCH_MANIFEST_PUBLIC_KEY"):
-        SigningSettings(public_key=tmp_path / "absent.pub").verifier()
+    with pytest.raises(SpecError, match="PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY: cannot read .*absent.pub"):
+        SigningSettings(signing_public_key=tmp_path / "absent.pub").checked_public_key()
+    ed25519 = tmp_path / "ed25519.pem"
+    ed25519.write_bytes(Ed25519PrivateKey.generate().private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    with pytest.raises(SpecError, match="holds a .*Ed25519PrivateKey.*, not an EC private key"):
+        SigningSettings(signing_key=ed25519).checked_signing_key()

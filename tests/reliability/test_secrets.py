@@ -12,6 +12,8 @@ import pytest
 from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from prefect.client.orchestration import get_client
 from prefect.settings import get_current_settings
 
@@ -48,8 +50,16 @@ def s3_bucket_block(server: SeaweedS3, bucket: str, secret: str, name: str) -> A
 @pytest.mark.parametrize("source", ["env", "block"])
 def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, record_fault: Any, tmp_path: Path,
                                 monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-                                capfd: pytest.CaptureFixture[str], source: str) -> None:
+                                capfd: pytest.CaptureFixture[str], source: str,
+                                tmp_path_factory: pytest.TempPathFactory) -> None:
     caplog.set_level("DEBUG")
+    # The bundle-signing key is a secret too: kept outside every searched directory, it must show up nowhere.
+    signing_key = ec.generate_private_key(ec.SECP256R1())
+    key_file = tmp_path_factory.mktemp("signing-key") / "bundle-signing.pem"
+    key_file.write_bytes(signing_key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    monkeypatch.setenv("PREFECT_EXECUTORCH_SIGNING_KEY", str(key_file))
+    key_secrets = [f"{signing_key.private_numbers().private_value:x}",
+                   *[line for line in key_file.read_text().splitlines() if "-----" not in line]]
     bucket = s3_env.make_bucket()
     url = f"s3://{bucket}/reg"
     wrong = f"wrong-secret-{uuid.uuid4().hex}"
@@ -91,11 +101,12 @@ def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, record
     seen.update({f"file {path}": path.read_bytes().decode("latin-1")
                  for path in files_under(tmp_path, home, database)})
     assert f"object {ref.manifest_key}" in seen and f"file {database}" in seen and len(seen) > 10
-    for secret in (s3_env.secret_key, wrong):
+    assert any(where.startswith(f"object {ref.key.prefix}/model.sig.") for where in seen)  # the bundle was signed
+    for secret in (s3_env.secret_key, wrong, *key_secrets):
         leaks = [where for where, text in seen.items() if secret in text]
         assert leaks == [], f"a secret appears in {leaks}"
     record_fault("secrets", f"credentials from {source}: secret searched in {len(seen)} logs, errors, artifacts, "
-                 "runs, objects, files", injected=2)
+                 "runs, objects, files (and the bundle-signing key)", injected=2)
 
 
 def test_anonymous_requests_are_refused(s3_env: SeaweedS3, record_fault: Any) -> None:

@@ -1,0 +1,265 @@
+"""``model.bpte``: an ExecuTorch BundledProgram of the published program with the validation cases, and its check.
+
+The validating child writes it from the cases it has just compared (inputs and eager outputs), so
+the cases are drawn once; a separate child loads it with ExecuTorch's own bundled-I/O entry points
+and verifies every case at the tolerances validation used. Whoever pulls the bundle runs the same
+check (``prefect-executorch verify``), or ``executor_runner --bundleio_path`` from C++.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
+from prefect_executorch.isolation import run_isolated
+from prefect_executorch.report import ValidationReport
+from prefect_executorch.runtime import describe_runtime_error
+from prefect_executorch.targets import get_target
+
+if TYPE_CHECKING:
+    import torch
+
+    from prefect_executorch.spec import BuildSpec
+
+BUNDLED_FILE = "model.bpte"
+#: Targets whose bundled cases are built and checked: the GPU path is not verified (on ExecuTorch 1.4 a
+#: device-resident output cannot even be read back from Python).
+BUNDLED_TARGETS = ("xnnpack", "portable")
+#: Recorded cases per method: (inputs, eager outputs flattened in the program's output order).
+Cases = dict[str, list[tuple[tuple["torch.Tensor", ...], list[Any]]]]
+
+
+class BundledSettings(BaseSettings):
+    """When a bundle carries a ``model.bpte``; each field also reads ``PREFECT_EXECUTORCH_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="PREFECT_EXECUTORCH_", extra="ignore")
+
+    bundled_max_program_mib: float = Field(
+        default=512, ge=0,
+        description="Programs larger than this get no model.bpte (it embeds the program a second time).")
+    bundled_timeout_s: float = Field(default=600, gt=0, description="Wall-time limit of the child that runs the cases.")
+
+
+class BundledMethod(BaseModel):
+    """The cases of one method in the ``.bpte``, in order, and the tolerances they are checked at."""
+
+    cases: list[str] = Field(description="Case labels, e.g. 'min[0]', 'samples_file[2]', by index in the .bpte.")
+    atol: float = Field(description="Loosest absolute tolerance validation held this method's outputs to.")
+    rtol: float = Field(description="Loosest relative tolerance validation held this method's outputs to.")
+
+
+class BundledFacts(BaseModel):
+    """What the manifest records about the bundled test cases."""
+
+    file: str | None = Field(default=None, description="The .bpte file, or None when it was skipped.")
+    methods: dict[str, BundledMethod] = Field(default_factory=dict)
+    skipped: str | None = Field(default=None, description="Why the bundle has no .bpte.")
+
+
+class BundledCaseResult(BaseModel):
+    """One bundled case run by ExecuTorch."""
+
+    method: str
+    index: int
+    label: str
+    error: str | None = None
+
+
+class BundledCheck(BaseModel):
+    """Every bundled case of a bundle, run on this machine."""
+
+    results: list[BundledCaseResult]
+
+    @property
+    def failures(self) -> list[BundledCaseResult]:
+        """The cases that did not reproduce their expected outputs."""
+        return [result for result in self.results if result.error is not None]
+
+
+class VerifyBundledRequest(BaseModel):
+    """What the checking child gets."""
+
+    bundle_dir: str
+    target: str
+    data_files: list[str] = Field(default_factory=list)
+    methods: dict[str, BundledMethod]
+
+
+def skip_reason(program: Path, spec: BuildSpec, settings: BundledSettings | None = None) -> str | None:
+    """Why ``program`` gets no ``.bpte`` (its target, quantization or size), or None when it gets one."""
+    target = spec.target_name
+    if target not in BUNDLED_TARGETS:
+        return f"bundled cases are built for the {', '.join(BUNDLED_TARGETS)} targets only, not {target!r}"
+    if spec.quantization is not None:
+        return (f"a quantized ({spec.quantization.scheme}) program is held to a cosine floor and a relative error "
+                "against the float model, which ExecuTorch's bundled check (element-wise atol/rtol) cannot express")
+    limit = (settings or BundledSettings()).bundled_max_program_mib
+    size_mib = program.stat().st_size / 2**20
+    if size_mib > limit:
+        return (f"program is {size_mib:.1f} MiB, above PREFECT_EXECUTORCH_BUNDLED_MAX_PROGRAM_MIB={limit:g}; "
+                "raise it to bundle the validation cases")
+    return None
+
+
+def method_cases(report: ValidationReport) -> dict[str, BundledMethod]:
+    """Labels and tolerances of the cases validation ran, per method, in the order the ``.bpte`` holds them."""
+    methods: dict[str, BundledMethod] = {}
+    for case in report.cases:
+        entry = methods.setdefault(case.method, BundledMethod(cases=[], atol=0.0, rtol=0.0))
+        entry.cases.append(f"{case.shape_label}[{case.sample}]")
+        # Element-wise limits: every output of a bundled (unquantized) program has them.
+        entry.atol = max([entry.atol] + [out.atol or 0.0 for out in case.outputs])
+        entry.rtol = max([entry.rtol] + [out.rtol or 0.0 for out in case.outputs])
+    return methods
+
+
+def bundled_facts(bundle_dir: Path, program: str, spec: BuildSpec, report: ValidationReport) -> BundledFacts:
+    """The manifest's record of the bundle's ``.bpte``: its cases, or why there is none."""
+    if (bundle_dir / BUNDLED_FILE).is_file():
+        return BundledFacts(file=BUNDLED_FILE, methods=method_cases(report))
+    return BundledFacts(skipped=skip_reason(bundle_dir / program, spec)
+                        or "validation did not write one (an output that is not a tensor, or it was run without)")
+
+
+def write_bundled(program: Path, cases: Cases, out: Path) -> None:
+    """Write ``out``: the exact bytes of ``program`` with every recorded case (child side: imports exir).
+
+    Nothing is written when an input or output is not a tensor: a BundledProgram holds tensor outputs only.
+    """
+    import torch
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+    from executorch.devtools.bundled_program.core import BundledProgram
+    from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
+
+    values = [value for recorded in cases.values() for inputs, outputs in recorded for value in (*inputs, *outputs)]
+    if not all(isinstance(value, torch.Tensor) for value in values):
+        return
+    suites = [
+        MethodTestSuite(method_name=name, test_cases=[
+            MethodTestCase(inputs=[t.contiguous().cpu() for t in inputs],
+                           expected_outputs=[t.contiguous().cpu() for t in outputs])
+            for inputs, outputs in recorded])
+        for name, recorded in cases.items()
+    ]
+    # From the file, not a program manager: the bundle embeds the published bytes, not a re-serialization.
+    bundled = BundledProgram(None, suites, pte_file_path=str(program))
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_bytes(serialize_from_bundled_program_to_flatbuffer(bundled))
+    tmp.rename(out)
+
+
+def _bundled_tensors(values: list[Any]) -> list[torch.Tensor]:
+    """The tensors of a case's inputs or expected outputs, as the ``.bpte`` schema holds them."""
+    import torch
+    from executorch.devtools.bundled_program.schema import Tensor
+    from executorch.exir.tensor import get_scalar_type
+
+    tensors = []
+    for value in values:
+        if not isinstance(value.val, Tensor):
+            raise ValidationFailed(f"{BUNDLED_FILE} holds a {type(value.val).__name__}; only tensor cases are bundled")
+        dtype = get_scalar_type(value.val.scalar_type)
+        data = bytearray(value.val.data)
+        tensors.append(torch.frombuffer(data, dtype=dtype).reshape(value.val.sizes) if data
+                       else torch.empty(value.val.sizes, dtype=dtype))
+    return tensors
+
+
+def _check_with_data_map(module: Any, suites: dict[str, Any], name: str, index: int, method: BundledMethod) -> None:
+    """One case of a program with external weights, by the verifier's rule ``|out - expected| <= atol + rtol * |expected|``.
+
+    ExecuTorch 1.4.1's bundled verifier cannot take the .ptd (its BundledModule loads the program
+    without a data map and crashes), so the module loaded with ``data_map_buffer`` runs the case.
+    """
+    import torch
+
+    case = suites[name].test_cases[index]
+    outputs = module.run_method(name, _bundled_tensors(case.inputs))
+    expected = _bundled_tensors(case.expected_outputs)
+    if len(outputs) != len(expected):
+        raise ValidationFailed(f"{len(outputs)} outputs, {len(expected)} expected")
+    for position, (got, want) in enumerate(zip(outputs, expected)):
+        if got.shape != want.shape or got.dtype != want.dtype:
+            raise ValidationFailed(f"output {position} is {got.dtype} {list(got.shape)}, expected {want.dtype} {list(want.shape)}")
+        if not torch.allclose(got, want, rtol=method.rtol, atol=method.atol, equal_nan=True):
+            worst = float((got.double() - want.double()).abs().max())
+            raise ValidationFailed(f"output {position} mismatched: max abs error {worst:.3g} beyond atol={method.atol:g} "
+                                   f"+ rtol={method.rtol:g}*|expected|")
+
+
+def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
+    """Child side: load the ``.bpte`` (with the ``.ptd``) and check every case at the recorded tolerances."""
+    import torch  # noqa: F401 - loads libtorch, which the runtime extension links against
+
+    req = VerifyBundledRequest.model_validate(request)
+    get_target(req.target).runtime_setup()
+    from executorch.extension.pybindings import _portable_lib as portable_lib
+
+    bundle = Path(req.bundle_dir)
+    # Both buffers must outlive the loaded program: the runtime keeps pointers into them.
+    buffer = (bundle / BUNDLED_FILE).read_bytes()
+    data = (bundle / req.data_files[0]).read_bytes() if req.data_files else None
+    try:
+        program = portable_lib._load_bundled_program_from_buffer(buffer)
+        module = portable_lib._load_for_executorch_from_bundled_program(program, data_map_buffer=data) if data else None
+    except RuntimeError as exc:
+        raise ValidationFailed(f"ExecuTorch could not load {BUNDLED_FILE}: {describe_runtime_error(exc)}") from None
+    suites: dict[str, Any] = {}
+    if module is not None:
+        from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program
+
+        # A program with external weights is small, so its flatbuffer is cheap to decode whole.
+        suites = {s.method_name: s for s in deserialize_from_flatbuffer_to_bundled_program(buffer).method_test_suites}
+    results = []
+    for name, method in req.methods.items():
+        for index, label in enumerate(method.cases):
+            error = None
+            try:
+                if module is None:
+                    program.verify_result_with_bundled_expected_output(name, index, method.rtol, method.atol)
+                else:
+                    _check_with_data_map(module, suites, name, index, method)
+            except (RuntimeError, ValidationFailed) as exc:
+                error = describe_runtime_error(exc) if isinstance(exc, RuntimeError) else str(exc)
+            results.append(BundledCaseResult(method=name, index=index, label=label, error=error))
+    return BundledCheck(results=results)
+
+
+def verify_bundled(bundle_dir: Path, target: str, data_files: list[str], methods: dict[str, BundledMethod],
+                   *, scratch_dir: Path | None = None, settings: BundledSettings | None = None) -> BundledCheck:
+    """Run every case of ``bundle_dir``'s ``.bpte`` in a child process; a crash of the runtime fails it."""
+    request = VerifyBundledRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, methods=methods)
+    with tempfile.TemporaryDirectory(prefix="bundled-", dir=scratch_dir) as scratch:
+        try:
+            return run_isolated("verify-bundled", request, BundledCheck,
+                                timeout_s=(settings or BundledSettings()).bundled_timeout_s, scratch_dir=Path(scratch),
+                                what=f"the bundled cases of {bundle_dir}")
+        except ChildProcessFailed as exc:
+            raise ValidationFailed(f"{exc}; the bundled program did not run on this machine") from exc
+
+
+def require_bundled_passed(check: BundledCheck, where: Path) -> None:
+    """Raise ``ValidationFailed`` naming the method, case and error of every case that failed."""
+    failed = check.failures
+    if failed:
+        listed = "; ".join(f"method {r.method!r} case {r.index} ({r.label}): {r.error}" for r in failed[:5])
+        raise ValidationFailed(
+            f"{len(failed)} of {len(check.results)} bundled cases of {where / BUNDLED_FILE} failed on this machine: "
+            f"{listed}; the program does not reproduce its validated outputs here: do not deploy it on this machine")
+
+
+def run_bundled_cases(bundle_dir: Path, target: str, data_files: list[str], facts: BundledFacts | None,
+                      *, scratch_dir: Path | None = None) -> BundledCheck:
+    """Run a bundle's own cases on this machine; ``ValidationFailed`` if it has none or one fails."""
+    if facts is None or facts.file is None:
+        why = facts.skipped if facts else "it was published before bundles carried their test cases"
+        raise ValidationFailed(f"{bundle_dir} has no {BUNDLED_FILE} to run ({why}); nothing was verified: "
+                               "revalidate it against the model with `prefect-executorch validate` instead")
+    check = verify_bundled(bundle_dir, target, data_files, facts.methods, scratch_dir=scratch_dir)
+    require_bundled_passed(check, bundle_dir)
+    return check
