@@ -30,7 +30,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, TypeVar
 from urllib.parse import urlparse
 
 import boto3
@@ -41,6 +41,7 @@ from botocore.exceptions import (
     ConnectTimeoutError,
     EndpointConnectionError,
     HTTPClientError,
+    IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
     ProxyConnectionError,
@@ -62,6 +63,12 @@ from prefect_executorch.errors import (
     StoreError,
 )
 
+if TYPE_CHECKING:
+    from botocore.config import _S3Dict
+    from prefect_aws import S3Bucket
+    from types_boto3_s3 import S3Client
+    from types_boto3_s3.type_defs import CompletedPartTypeDef, HeadObjectOutputTypeDef, PutObjectRequestTypeDef
+
 logger = logging.getLogger(__name__)
 
 MiB = 2**20
@@ -79,12 +86,10 @@ _DENIED_CODES = frozenset({"AccessDenied", "AllAccessDisabled", "Forbidden", "40
 _DIGEST_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch", "InvalidChecksum"})
 _CONDITION_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict"})
 _MISSING_KEY_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
-_RETRYABLE_CODES = frozenset({
-    "RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable", "SlowDown",
-    "Throttling", "ThrottlingException", "RequestLimitExceeded", "500", "502", "503", "504",
-})
 #: Not worth another round of our own: botocore already retried reaching the endpoint.
 _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ProxyConnectionError, SSLError)
+#: botocore's transient exceptions (retries/standard.py), and a body cut short after the headers (response.py).
+_TRANSIENT = (BotoConnectionError, HTTPClientError, IncompleteReadError)
 T = TypeVar("T")
 Progress = Callable[[str, int, int], None]
 
@@ -106,9 +111,9 @@ class S3Settings(BaseSettings):
     max_concurrency: int = Field(
         default=8, ge=1, le=64, description="Parts uploading at once; memory holds about one more than this.")
     max_attempts: int = Field(
-        default=5, ge=1, description="Attempts per request (botocore's), and rounds of our retry around parts.")
+        default=5, ge=1, description="Attempts per request (botocore's), and rounds of ours around parts and downloads.")
     retry_mode: Literal["standard", "adaptive"] = Field(default="standard", description="botocore retry mode.")
-    retry_backoff_s: float = Field(default=0.5, ge=0, description="First wait of our retry around parts and downloads.")
+    retry_backoff_s: float = Field(default=0.5, ge=0, description="First wait between our rounds around parts and downloads.")
     connect_timeout_s: float = Field(default=10.0, gt=0, description="Seconds to open a connection.")
     read_timeout_s: float = Field(default=120.0, gt=0, description="Seconds to wait for a response.")
     progress: bool | None = Field(
@@ -136,7 +141,7 @@ def _hex_to_b64(hex_digest: str) -> str:
     return _b64(raw)
 
 
-def _etag(response: dict[str, Any]) -> str:
+def _etag(response: Mapping[str, object]) -> str:
     return str(response.get("ETag", "")).strip('"')
 
 
@@ -146,6 +151,15 @@ def _code(exc: ClientError) -> str:
 
 def _status(exc: ClientError) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def _another_round(exc: Exception) -> bool:
+    """Whether ``exc`` is transient and botocore stopped retrying it only for its limits (or never could)."""
+    if isinstance(exc, ClientError):
+        # botocore marks the response it gave up on; a 4xx it never retries carries neither mark.
+        metadata = exc.response.get("ResponseMetadata", {})
+        return bool(metadata.get("MaxAttemptsReached") or metadata.get("RetryQuotaReached"))
+    return isinstance(exc, _TRANSIENT) and not isinstance(exc, _UNREACHABLE)
 
 
 def check_bucket(bucket: str) -> str:
@@ -168,7 +182,7 @@ class S3Store(ObjectStore):
         session: boto3.session.Session | None = None,
         settings: S3Settings | None = None,
         progress: Progress | None = None,
-        verify: bool | str | None = None,
+        client_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.bucket = check_bucket(bucket)
         self.prefix = check_key(prefix.strip("/")) if prefix.strip("/") else ""
@@ -176,7 +190,7 @@ class S3Store(ObjectStore):
         self.settings = settings or S3Settings()
         self._progress = progress
         self._session = session or boto3.session.Session()
-        s3_options: dict[str, Any] = {
+        s3_options: _S3Dict = {
             # The x-amz-checksum-sha256 header is signed and the server checks the body against it,
             # so hashing the body a second time for the signature (botocore's default over http) is waste.
             "payload_signing_enabled": False,
@@ -194,10 +208,15 @@ class S3Store(ObjectStore):
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        region = self.settings.region or self._session.region_name or "us-east-1"
+        options: dict[str, Any] = {
+            "endpoint_url": self.settings.endpoint_url,
+            "region_name": self.settings.region or self._session.region_name or "us-east-1",
+            **(client_options or {}),
+        }
+        # A block's own botocore options win over ours, key by key (botocore's Config.merge).
+        options["config"] = config.merge(options["config"]) if options.get("config") else config
         try:
-            self.client = self._session.client(
-                "s3", endpoint_url=self.settings.endpoint_url, region_name=region, config=config, verify=verify)
+            self.client: S3Client = self._session.client("s3", **options)
         except (BotoCoreError, ValueError) as exc:
             raise StoreError(f"cannot create an S3 client for {self.url}: {exc}") from None
         self.endpoint = str(self.client.meta.endpoint_url)
@@ -218,21 +237,16 @@ class S3Store(ObjectStore):
         return cls(parsed.netloc, parsed.path, settings=settings, **kwargs)
 
     @classmethod
-    def from_block(cls, block: Any, *, settings: S3Settings | None = None) -> S3Store:
+    def from_block(cls, block: S3Bucket, *, settings: S3Settings | None = None) -> S3Store:
         """A store from a prefect-aws ``S3Bucket`` block (bucket, folder, credentials, client parameters)."""
         credentials = block.credentials
-        params = getattr(credentials, "aws_client_parameters", None)
-        settings = settings or S3Settings()
-        updates: dict[str, Any] = {}
-        if params is not None and params.endpoint_url:
-            updates["endpoint_url"] = params.endpoint_url
-        if getattr(credentials, "region_name", None):
-            updates["region"] = credentials.region_name
-        verify = None
-        if params is not None and params.verify is not None:
-            verify = str(params.verify_cert_path) if params.verify_cert_path else params.verify
+        # The client arguments prefect-aws itself would use (credentials._get_client_cached): endpoint,
+        # verify/CA bundle, SSL, API version, botocore config, and the credentials' region.
+        options = credentials.aws_client_parameters.get_params_override()
+        if credentials.region_name:
+            options["region_name"] = credentials.region_name
         return cls(block.bucket_name, block.bucket_folder or "", session=credentials.get_boto3_session(),
-                   settings=settings.model_copy(update=updates), verify=verify)
+                   settings=settings, client_options=options)
 
     def __repr__(self) -> str:
         return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
@@ -303,36 +317,29 @@ class S3Store(ObjectStore):
             raise self._translate(exc, key, what) from None
 
     def _retrying(self, what: str, key: str, request: Callable[[], T]) -> T:
-        """A request that re-sends a whole body (a part, a download) after a reset or a 5xx, with backoff.
+        """A part or a download, given further rounds (with backoff) where botocore's own retries end.
 
-        botocore retries a request whose connection fails, but not a response body that breaks while
-        streaming, and it gives up on a part after ``max_attempts``; a 1 GiB publish should not.
+        botocore retries each request (``retry_mode``, ``max_attempts``): connection errors, 5xx, 503 SlowDown
+        and other throttling, a part's body re-sent from its start. It cannot retry a response body that breaks
+        while streaming (its retries end when the headers arrive), and it stops at its client-wide retry quota,
+        which parallel parts drain together; one lost part would lose the whole multipart upload.
         """
         attempts = self.settings.max_attempts
         for attempt in range(1, attempts + 1):
             try:
                 return request()
-            except _UNREACHABLE as exc:
-                raise self._translate(exc, key, what) from None
-            except (BotoConnectionError, HTTPClientError) as exc:
-                error: Exception = exc
-            except ClientError as exc:
-                if _code(exc) not in _RETRYABLE_CODES and _status(exc) < 500:
+            except (BotoCoreError, ClientError) as exc:
+                if attempt == attempts or not _another_round(exc):
                     raise self._translate(exc, key, what) from None
-                error = exc
-            except BotoCoreError as exc:
-                raise self._translate(exc, key, what) from None
-            if attempt == attempts:
-                raise self._translate(error, key, what) from None
-            delay = self.settings.retry_backoff_s * 2 ** (attempt - 1) * (0.5 + random.random() / 2)
-            logger.warning("%s %s failed (%s); retry %d/%d in %.1f s",
-                           what, self._where(key), type(error).__name__, attempt, attempts - 1, delay)
-            time.sleep(delay)
+                delay = self.settings.retry_backoff_s * 2 ** (attempt - 1) * (0.5 + random.random() / 2)
+                logger.warning("%s %s failed (%s); retry %d/%d in %.1f s",
+                               what, self._where(key), type(exc).__name__, attempt, attempts - 1, delay)
+                time.sleep(delay)
         raise AssertionError("unreachable")
 
     # reads ----------------------------------------------------------------------------------
 
-    def _head(self, key: str) -> dict[str, Any] | None:
+    def _head(self, key: str) -> HeadObjectOutputTypeDef | None:
         try:
             return self._call("head", key, lambda: self.client.head_object(Bucket=self.bucket, Key=self._full(key)))
         except BundleNotFound:
@@ -423,11 +430,14 @@ class S3Store(ObjectStore):
 
     def put_bytes(self, key: str, data: bytes, *, if_match: str | None = None) -> PutResult:
         sha = hashlib.sha256(data).hexdigest()
-        condition = {"IfMatch": f'"{if_match}"'} if if_match is not None else {"IfNoneMatch": "*"}
+        request: PutObjectRequestTypeDef = {"Bucket": self.bucket, "Key": self._full(key), "Body": data,
+                                            "ChecksumSHA256": _hex_to_b64(sha), "Metadata": {SHA256_META: sha}}
+        if if_match is not None:
+            request["IfMatch"] = f'"{if_match}"'
+        else:
+            request["IfNoneMatch"] = "*"
         try:
-            response = self._retrying("write", key, lambda: self.client.put_object(
-                Bucket=self.bucket, Key=self._full(key), Body=data, ChecksumSHA256=_hex_to_b64(sha),
-                Metadata={SHA256_META: sha}, **condition))
+            response = self._call("write", key, lambda: self.client.put_object(**request))
         except PreconditionFailed:
             raise self._condition_error(key, if_match) from None
         except BundleNotFound:  # AWS answers If-Match on a missing key with 404
@@ -462,7 +472,7 @@ class S3Store(ObjectStore):
         # With the manifest's sha256 the server itself checks the file against the manifest.
         sha = expected or hashlib.sha256(data).hexdigest()
         try:
-            response = self._retrying("upload", key, lambda: self.client.put_object(
+            response = self._call("upload", key, lambda: self.client.put_object(
                 Bucket=self.bucket, Key=self._full(key), Body=data, ChecksumSHA256=_hex_to_b64(sha),
                 Metadata={SHA256_META: sha}, IfNoneMatch="*"))
         except PreconditionFailed:
@@ -493,14 +503,14 @@ class S3Store(ObjectStore):
         return PutResult(key=key, size=size, sha256=sha, etag=_etag(response))
 
     def _send_parts(self, key: str, path: Path, upload_id: str, part_size: int,
-                    advance: Callable[[int], None]) -> tuple[builtins.list[dict[str, Any]], str]:
+                    advance: Callable[[int], None]) -> tuple[builtins.list[CompletedPartTypeDef], str]:
         """Read ``path`` once, in order; hash it whole while parts upload in parallel."""
         whole = hashlib.sha256()
         slots = threading.BoundedSemaphore(self.settings.max_concurrency)
         failed = threading.Event()
-        futures: list[Future[dict[str, Any]]] = []
+        futures: list[Future[CompletedPartTypeDef]] = []
 
-        def done(future: Future[dict[str, Any]]) -> None:
+        def done(future: Future[CompletedPartTypeDef]) -> None:
             slots.release()
             if future.exception() is not None:
                 failed.set()
@@ -523,7 +533,7 @@ class S3Store(ObjectStore):
         return [future.result() for future in futures], whole.hexdigest()
 
     def _send_part(self, key: str, upload_id: str, number: int, data: bytes,
-                   advance: Callable[[int], None]) -> dict[str, Any]:
+                   advance: Callable[[int], None]) -> CompletedPartTypeDef:
         checksum = _b64(hashlib.sha256(data).digest())
         response = self._retrying(f"upload part {number} of", key, lambda: self.client.upload_part(
             Bucket=self.bucket, Key=self._full(key), UploadId=upload_id, PartNumber=number, Body=data,

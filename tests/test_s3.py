@@ -406,3 +406,27 @@ def test_prefect_aws_block_is_a_store(built: Built, s3_server: SeaweedS3, tmp_pa
     assert record.manifest_sha256 == ref.manifest_sha256
     resolved = resolve(store, "convnet", alias="prod", compat=manifest.compat)
     assert pull(store, resolved.key, tmp_path / "pulled", manifest_sha256=resolved.manifest_sha256) == manifest
+
+
+def test_prefect_aws_block_client_parameters_reach_the_client(s3_server: SeaweedS3,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """What prefect-aws's get_params_override() gives (endpoint, verify, config) reaches our client, ours kept."""
+    prefect_aws = pytest.importorskip("prefect_aws", reason="prefect-aws is the optional `aws` extra")
+    set_aws_env(monkeypatch, s3_server)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        monkeypatch.delenv(name)
+    credentials = prefect_aws.AwsCredentials(
+        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key, region_name="eu-west-3",
+        aws_client_parameters={"endpoint_url": s3_server.endpoint_url, "verify": False,
+                               "config": {"retries": {"mode": "adaptive", "total_max_attempts": 2},
+                                          "s3": {"addressing_style": "path"}}})
+    block = prefect_aws.S3Bucket(bucket_name=s3_server.make_bucket(), bucket_folder="p", credentials=credentials)
+    store = S3Store.from_block(block, settings=S3Settings(retry_mode="standard", max_attempts=7))
+    config = store.client.meta.config
+    assert store.endpoint == s3_server.endpoint_url and store.client.meta.region_name == "eu-west-3"
+    assert config.retries == {"mode": "adaptive", "total_max_attempts": 2}  # the block's, over our settings
+    assert config.s3 == {"addressing_style": "path"}
+    assert config.request_checksum_calculation == "when_required" and config.connect_timeout == 10.0  # ours
+    assert store.client._endpoint.http_session._verify is False  # noqa: SLF001 (botocore keeps it nowhere public)
+    store.put_bytes("m/1/t/c/x.json", b"{}")
+    assert store.get_bytes("m/1/t/c/x.json")[0] == b"{}"

@@ -16,7 +16,8 @@ from prefect_executorch.artifacts.gc import gc
 from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE
 from prefect_executorch.artifacts.registry import publish, pull, verify_bundle_dir
 from prefect_executorch.artifacts.s3 import S3Settings, S3Store
-from prefect_executorch.errors import BundleConflict, StoreError
+from prefect_executorch.errors import BundleConflict, BundleNotFound, StoreError
+from prefect_executorch.hashing import sha256_file
 from prefect_executorch.testing.seaweedfs import SeaweedS3
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
@@ -121,3 +122,29 @@ def test_concurrent_publishes_while_the_server_dies(real_bundle: Callable[[str],
         assert publish(store, rerun_dir, rerun).key == bundle.manifest.key
         assert pull(store, bundle.manifest.key, tmp_path / "pulled") == rerun
     record_fault("store", "S3 killed mid publish; another build, then a rerun, try the key")
+
+
+def test_parts_get_rounds_past_botocores_retries_small_writes_do_not(s3_env: SeaweedS3, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """botocore retries each request; only a part (and a download) gets further rounds of ours, a 4xx none."""
+    part_503s = Rule("PUT", "503", 3, match="partNumber=")  # more than botocore's 2 attempts at one part
+    small_503s = Rule("PUT", "503", 2, match="small.json")  # exactly botocore's 2 attempts
+    with FaultProxy(int(s3_env.endpoint_url.rsplit(":", 1)[1]), [part_503s, small_503s]) as proxy:
+        store = S3Store(s3_env.make_bucket(), "reg", settings=S3Settings(
+            endpoint_url=proxy.endpoint_url, multipart_threshold=5 * MiB, part_size=5 * MiB, max_concurrency=1,
+            max_attempts=2, retry_backoff_s=0.05))
+        big = tmp_path / "big"
+        big.write_bytes(bytes(range(256)) * (6 * MiB // 256))
+        assert store.put_file("m/1/t/c/model.ptd", big).sha256 == sha256_file(big)
+        assert "upload part 1 of" in caplog.text and "retry 1/1" in caplog.text
+
+        before = proxy.requests
+        with pytest.raises(StoreError, match="S3 error SlowDown"):
+            store.put_bytes("m/1/t/c/small.json", b"{}")
+        assert proxy.requests - before == 2  # botocore's attempts, no round of ours
+
+        before = proxy.requests
+        with pytest.raises(BundleNotFound):
+            store.get_bytes("m/1/t/c/absent.json")
+        assert proxy.requests - before == 1  # a 404 is neither botocore's retry nor ours
+    assert (part_503s.hits, small_503s.hits) == (3, 2)
