@@ -104,6 +104,7 @@ class Manifest(BaseModel):
     runtime_hints: dict[str, Any] = Field(default_factory=dict)
     spec_sha256: str
     weights_sha256: str | None = None
+    fingerprint: str | None = Field(None, description="Build fingerprint (fingerprint.py): an unchanged rebuild has the same.")
     validation: ValidationSummary
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")

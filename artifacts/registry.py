@@ -50,6 +50,7 @@ class BundleRef(BaseModel):
     key: BundleKey
     manifest_key: str
     manifest_sha256: str
+    cache_hit: bool = Field(False, description="The bundle was already published by an identical build.")
 
 
 def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports: list[str]) -> list[FileEntry]:
@@ -246,7 +247,8 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
     return manifest
 
 
-def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport) -> Manifest:
+def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport,
+                   fingerprint: str | None = None) -> Manifest:
     """Write ``validation.json`` into the export directory and build the bundle's manifest."""
     target = get_target(spec.target_name)
     bundle_dir = export.path
@@ -265,6 +267,7 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
         runtime_hints=target.runtime_hints(spec, toolchain),
         spec_sha256=spec.sha256(),
         weights_sha256=export.weights_sha256,
+        fingerprint=fingerprint,
         validation=report.summary(),
     )
 

@@ -20,10 +20,11 @@ if TYPE_CHECKING:
 
 @task(name="publish", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=retry_transient)
 def publish_bundle(
-    spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport, store: str | Block
+    spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport, store: str | Block,
+    fingerprint: str | None = None,
 ) -> BundleRef:
     """Write the manifest for the export and publish the bundle to ``store`` (a URL or an S3Bucket block)."""
-    manifest = prepare_bundle(spec, toolchain, export, report)
+    manifest = prepare_bundle(spec, toolchain, export, report, fingerprint)
     ref = publish(open_store(store), export.path, manifest)
     get_run_logger().info("published %s to %s (manifest sha256 %s)", ref.key.prefix, ref.store, ref.manifest_sha256)
     return ref

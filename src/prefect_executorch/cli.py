@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -22,14 +24,38 @@ err_console = Console(stderr=True, soft_wrap=True)
 F = TypeVar("F", bound=Callable[..., Any])
 STORE_ENV = "PREFECT_EXECUTORCH_STORE"
 DEFAULT_STORE = "./bundles"
+DEBUG_ENV = "PREFECT_EXECUTORCH_DEBUG"
 
 
-def _quiet_defaults() -> None:
+def _quiet_defaults(debug: bool) -> None:
     # No telemetry from a build tool, and no surprise network calls in an offline build.
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # A fresh ephemeral database takes longer than Prefect's 20 s default on a small machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    if debug:
+        return
+    # Prefect's engine logs every failed task's and flow's exception with its traceback, and the
+    # ephemeral server logs its own retries; the CLI reports the one error itself. The runs' logs
+    # still reach the API. (Prefect reads PREFECT_LOGGING_<path>_<key> overrides of logging.yml.)
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    # Library notes (torch's _pytree deprecation, torchao's optional kernels) are no user's business.
+    warnings.filterwarnings("ignore")
+    logging.getLogger("torchao").setLevel(logging.CRITICAL)
+
+
+#: Where a ChildProcessFailed message starts the child's stderr (isolation.py); shown with --debug.
+_CHILD_TAIL = "\n--- child stderr (tail) ---"
+
+
+def _one_message(exc: PrefectExecutorchError) -> str:
+    message, tail, _ = str(exc).partition(_CHILD_TAIL)
+    return message + ("\n(rerun with --debug for the child process's output)" if tail else "")
+
+
+def _debug() -> bool:
+    return bool(os.environ.get(DEBUG_ENV))
 
 
 def handle_errors(function: F) -> F:
@@ -40,9 +66,10 @@ def handle_errors(function: F) -> F:
         try:
             return function(*args, **kwargs)
         except PrefectExecutorchError as exc:
-            if os.environ.get("PREFECT_EXECUTORCH_DEBUG"):
+            if _debug():
                 raise
-            err_console.print(f"[bold red]{type(exc).__name__}:[/] {escape(str(exc))}", markup=True, highlight=False)
+            err_console.print(f"[bold red]{type(exc).__name__}:[/] {escape(_one_message(exc))}", markup=True,
+                              highlight=False)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
@@ -51,9 +78,9 @@ def handle_errors(function: F) -> F:
 @app.callback()
 def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
     """Export PyTorch models to ExecuTorch, validate them against eager PyTorch, publish bundles."""
-    _quiet_defaults()
+    _quiet_defaults(debug)
     if debug:
-        os.environ["PREFECT_EXECUTORCH_DEBUG"] = "1"
+        os.environ[DEBUG_ENV] = "1"
     from prefect_executorch.embedded import embedded_settings
 
     ctx.with_resource(embedded_settings())
@@ -73,19 +100,51 @@ def build(
     spec.check_model_reference()
     from prefect_executorch.isolation import warm_up
 
-    warm_up()  # overlap the children's torch/ExecuTorch imports with Prefect's start-up
-    from prefect_executorch.flows.build import build_bundle
+    warm_up(quiet=not _debug())  # overlap the children's torch/ExecuTorch imports with what follows
+    ref = _published_build(spec, store)
+    if ref is None:
+        from prefect_executorch.flows.build import build_bundle
 
-    ref = build_bundle(spec, store=store, output=str(output) if output else None)
+        ref = build_bundle(spec, store=store, output=str(output) if output else None)
+    print_build_summary(ref)
+
+
+def _published_build(spec: Any, store: str) -> Any:
+    """An unchanged rebuild's published bundle, found without starting Prefect; a changed one is refused here."""
+    from prefect_executorch.artifacts.rebuild import check_rebuild
+    from prefect_executorch.artifacts.store import open_store
+    from prefect_executorch.targets import get_target
+    from prefect_executorch.toolchain import probe_isolated
+
+    toolchain = probe_isolated()
+    target = get_target(spec.target_name)
+    for warning in target.check(spec, toolchain):
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}")
+    return check_rebuild(spec, toolchain, target.compat(spec, toolchain), open_store(store)).ref
+
+
+def count_names(names: list[str]) -> str:
+    """``XnnpackBackend × 22, VulkanBackend × 1`` in first-seen order; ``none`` for an empty list."""
+    from collections import Counter
+
+    return ", ".join(f"{name} × {count}" for name, count in Counter(names).items()) or "none"
+
+
+def print_build_summary(ref: Any) -> None:
+    """Where the bundle is, what it runs on and how it validated; fresh build or cache hit."""
     from prefect_executorch.artifacts.registry import read_manifest
     from prefect_executorch.artifacts.store import open_store
 
-    manifest, _ = read_manifest(open_store(store), ref.key)
-    console.print(f"[bold green]published[/] {ref.key.prefix} to {ref.store}")
-    console.print(f"manifest sha256 {ref.manifest_sha256}")
+    manifest, _ = read_manifest(open_store(ref.store), ref.key)
+    how = "[bold cyan]cache hit[/] (unchanged rebuild, nothing exported)" if ref.cache_hit else "[bold green]fresh build[/]"
+    console.print(f"{how}: {ref.key.prefix} in {ref.store}")
+    console.print(f"compat {manifest.compat}; manifest sha256 {ref.manifest_sha256}")
+    fractions = manifest.validation.delegated_fraction
     for method, delegates in manifest.delegates().items():
-        console.print(f"  {method}: delegates {delegates or '[] (portable kernels)'}")
-    console.print(f"validation: {manifest.validation.cases} cases passed; worst: {manifest.validation.worst}")
+        fraction = fractions.get(method)
+        share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""
+        console.print(f"  {method}: delegates {count_names(delegates)}{share}")
+    console.print(f"validation: {manifest.validation.cases} cases passed; worst: {escape(manifest.validation.worst or '-')}")
 
 
 def _rows_table(title: str, rows: list[Any]) -> Table:
