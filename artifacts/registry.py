@@ -29,6 +29,7 @@ from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import (
     BundleConflict,
     BundleNotFound,
+    DestinationExists,
     IntegrityError,
     ObjectExists,
     PrefectExecutorchError,
@@ -226,7 +227,7 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
         )
     verify_pairing(manifest)
     if dest.exists():
-        raise BundleConflict(f"destination {dest} already exists; choose a new directory")
+        raise DestinationExists(f"destination {dest} already exists; choose a new directory (pull never writes into one)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.with_name(f".{dest.name}.partial-{uuid.uuid4().hex[:8]}")
     staging.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 import sys
@@ -237,17 +238,30 @@ def validate(
 
 @app.command()
 @handle_errors
-def inspect(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with manifest.json) or an export.")) -> None:
-    """Show a bundle's manifest, verify its files and list the delegates read from the program."""
+def inspect(
+    bundle_dir: Path = typer.Argument(..., help="A bundle directory (with manifest.json), e.g. from `pull --to`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Verify a bundle's files against its manifest and summarize it: key, compat, delegates, validation."""
     from prefect_executorch.artifacts.registry import verify_bundle_dir
     from prefect_executorch.program import read_program
 
     manifest = verify_bundle_dir(bundle_dir)
+    if as_json:
+        sys.stdout.write(manifest.model_dump_json(indent=2) + "\n")
+        return
     facts = read_program(bundle_dir / manifest.program)
-    console.print_json(manifest.model_dump_json())
-    console.print(f"[bold green]all {len(manifest.files)} files match the manifest[/]")
+    console.print(f"{manifest.key.prefix}: all {len(manifest.files)} files match the manifest")
+    console.print(f"compat {manifest.compat}; built {manifest.created_at:%Y-%m-%d %H:%M}Z by {manifest.builder}")
+    fractions = manifest.validation.delegated_fraction
     for name, method in facts.items():
-        console.print(f"  {name}: delegates {method.delegates}, {method.kernel_calls} portable kernel calls")
+        fraction = fractions.get(name)
+        share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""
+        console.print(f"  {name}: delegates {count_names(method.delegates)}{share}; "
+                      f"{method.kernel_calls} portable kernel calls")
+    verdict = "passed" if manifest.validation.passed else "[red]FAILED[/]"
+    console.print(f"validation {verdict}: {manifest.validation.cases} cases; worst: "
+                  f"{escape(manifest.validation.worst or '-')}")
 
 
 @app.command()
@@ -329,15 +343,24 @@ def promote(
 @app.command("ls")
 @handle_errors
 def ls_command(
-    name: str = typer.Argument(..., help="Model name."),
+    name: Optional[str] = typer.Argument(None, help="Model name (default: list the store's models)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
-    """List a model's versions, targets, compat keys and aliases."""
-    from prefect_executorch.artifacts.catalog import ls
+    """List a model's versions, targets, compat keys and aliases; without NAME, the store's models."""
+    from prefect_executorch.artifacts.catalog import ls, models, require_model
 
-    listing = ls(_open(store, endpoint_url), name)
+    opened = _open(store, endpoint_url)
+    if name is None:
+        names = models(opened)
+        if as_json:
+            sys.stdout.write(json.dumps({"store": opened.url, "models": names}, indent=2) + "\n")
+            return
+        console.print("\n".join(names) if names else f"no published models in {opened.url}")
+        return
+    require_model(opened, name)
+    listing = ls(opened, name)
     if as_json:
         sys.stdout.write(listing.model_dump_json(indent=2) + "\n")
         return
@@ -368,7 +391,12 @@ def gc_command(
 
     from prefect_executorch.artifacts.gc import gc
 
-    report = gc(_open(store, endpoint_url), name, grace=timedelta(hours=grace_hours), apply=apply)
+    opened = _open(store, endpoint_url)
+    if name is not None:
+        from prefect_executorch.artifacts.catalog import require_model
+
+        require_model(opened, name)
+    report = gc(opened, name, grace=timedelta(hours=grace_hours), apply=apply)
     verb = "removed" if apply else "would remove"
     for info in report.orphans:
         console.print(f"{verb} {info.key} ({info.size} bytes, {info.last_modified:%Y-%m-%d %H:%M}Z)")

@@ -43,6 +43,12 @@ class BundleConflict(PrefectExecutorchError):
     """A bundle (or alias) already exists where a new one was to be written."""
 
 
+class DestinationExists(BundleConflict):
+    """A directory to create (``pull --to``) is already there: a usage error, nothing was written."""
+
+    exit_code = 2
+
+
 class BundleNotFound(PrefectExecutorchError):
     """No bundle or alias matches what was asked for."""
 
