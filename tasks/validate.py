@@ -10,6 +10,7 @@ from prefect_executorch.artifacts.manifest import Manifest
 from prefect_executorch.artifacts.reports import publish_validation_artifacts
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.exporter import ExportedProgramDir
+from prefect_executorch.progress import stage
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.validator import require_passed, validate_program
@@ -31,7 +32,8 @@ def _validate(
 def validate_export(spec: BuildSpec, export: ExportedProgramDir, scratch_dir: Path) -> ValidationReport:
     """Run program and eager model on the same inputs; attach the tables; fail if a case or gate failed."""
     title = f"{spec.name}-{spec.version}-{spec.target_name}"
-    return _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir)
+    with stage("validate"):
+        return _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir)
 
 
 @task(name="revalidate")

@@ -18,8 +18,11 @@ from rich.table import Table
 
 from prefect_executorch.errors import PrefectExecutorchError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
-console = Console()
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False,
+                  # Plain help, wrapped at the terminal, never cut; wide when piped (to a pager, grep or a file).
+                  rich_markup_mode=None,
+                  context_settings={"max_content_width": 160, "terminal_width": None if sys.stdout.isatty() else 160})
+console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -102,12 +105,47 @@ def build(
     from prefect_executorch.isolation import warm_up
 
     warm_up(quiet=not _debug())  # overlap the children's torch/ExecuTorch imports with what follows
-    ref = _published_build(spec, store)
-    if ref is None:
-        from prefect_executorch.flows.build import build_bundle
+    from prefect_executorch.progress import listening
 
-        ref = build_bundle(spec, store=store, output=str(output) if output else None)
-    print_build_summary(ref)
+    view = LiveView()
+    with view, listening(view.on_stage):
+        ref = _published_build(spec, store)
+        if ref is None:
+            from prefect_executorch.flows.build import build_bundle
+
+            ref = build_bundle(spec, store=store, output=str(output) if output else None)
+    print_build_summary(ref, view.seconds)
+
+
+class LiveView:
+    """probe -> export -> validate -> publish with elapsed times, live on a terminal; the times are kept for the summary."""
+
+    def __init__(self) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.seconds: dict[str, float] = {}
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                  console=err_console, disable=not err_console.is_terminal or _debug())
+        self._rows: dict[str, Any] = {}
+
+    def __enter__(self) -> "LiveView":
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def on_stage(self, name: str, event: str, seconds: float) -> None:
+        """Start a row for a stage, or end it as done or failed."""
+        if event == "start":
+            if name in self._rows:  # a stage that runs again (the flow probes after the CLI did) reuses its row
+                self._progress.reset(self._rows[name], description=name)
+            else:
+                self._rows[name] = self._progress.add_task(name, total=1)
+            return
+        self.seconds[name] = seconds
+        mark = "[green]done[/]" if event == "done" else "[red]failed[/]"
+        self._progress.update(self._rows[name], completed=1, description=f"{name} {mark}")
 
 
 def _published_build(spec: Any, store: str) -> Any:
@@ -115,9 +153,11 @@ def _published_build(spec: Any, store: str) -> Any:
     from prefect_executorch.artifacts.rebuild import check_rebuild
     from prefect_executorch.artifacts.store import open_store
     from prefect_executorch.targets import get_target
+    from prefect_executorch.progress import stage
     from prefect_executorch.toolchain import probe_isolated
 
-    toolchain = probe_isolated()
+    with stage("probe"):
+        toolchain = probe_isolated()
     target = get_target(spec.target_name)
     for warning in target.check(spec, toolchain):
         err_console.print(f"[yellow]warning:[/] {escape(warning)}")
@@ -131,8 +171,8 @@ def count_names(names: list[str]) -> str:
     return ", ".join(f"{name} × {count}" for name, count in Counter(names).items()) or "none"
 
 
-def print_build_summary(ref: Any) -> None:
-    """Where the bundle is, what it runs on and how it validated; fresh build or cache hit."""
+def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
+    """Where the bundle is, what it runs on and how it validated; fresh build or cache hit; each stage's time."""
     from prefect_executorch.artifacts.registry import read_manifest
     from prefect_executorch.artifacts.store import open_store
 
@@ -146,6 +186,7 @@ def print_build_summary(ref: Any) -> None:
         share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""
         console.print(f"  {method}: delegates {count_names(delegates)}{share}")
     console.print(f"validation: {manifest.validation.cases} cases passed; worst: {escape(manifest.validation.worst or '-')}")
+    console.print("stages: " + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
 
 
 def _rows_table(title: str, rows: list[Any]) -> Table:
@@ -186,7 +227,7 @@ def _revalidation_notes(spec: Any, manifest: Any) -> None:
 @handle_errors
 def validate(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
-    bundle_dir: Optional[Path] = typer.Argument(None, help="Directory with model.pte (a pulled bundle or an export)."),
+    bundle_dir: Optional[Path] = typer.Argument(None, metavar="BUNDLE_DIR", help="Directory with model.pte (a pulled bundle or an export)."),
     bundle: Optional[str] = typer.Option(
         None, "--bundle", help="A published bundle: <store-url-or-dir>/<name>/<version>/<target>/<compat>/manifest.json; "
         "pulled, verified, then re-validated against the current eager model.",
@@ -239,7 +280,7 @@ def validate(
 @app.command()
 @handle_errors
 def inspect(
-    bundle_dir: Path = typer.Argument(..., help="A bundle directory (with manifest.json), e.g. from `pull --to`."),
+    bundle_dir: Path = typer.Argument(..., metavar="BUNDLE_DIR", help="A bundle directory (with manifest.json), e.g. from `pull --to`."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
 ) -> None:
     """Verify a bundle's files against its manifest and summarize it: key, compat, delegates, validation."""
@@ -295,7 +336,7 @@ def _open(store: str, endpoint_url: Optional[str]) -> Any:
 @app.command()
 @handle_errors
 def pull(
-    name: str = typer.Argument(..., help="Model name."),
+    name: str = typer.Argument(..., metavar="NAME", help="Model name."),
     to: Path = typer.Option(..., "--to", help="New directory to create with the verified bundle."),
     version: Optional[str] = typer.Option(None, "--version", help="Version to pull."),
     alias: Optional[str] = typer.Option(None, "--alias", help="Alias to pull (prod, staging...)."),
@@ -319,8 +360,8 @@ def pull(
 @app.command()
 @handle_errors
 def promote(
-    name: str = typer.Argument(..., help="Model name."),
-    version: str = typer.Argument(..., help="Version to promote."),
+    name: str = typer.Argument(..., metavar="NAME", help="Model name."),
+    version: str = typer.Argument(..., metavar="VERSION", help="Version to promote."),
     alias: str = typer.Option(..., "--alias", help="Alias to move (prod, staging...)."),
     target: Optional[str] = typer.Option(None, "--target", help="Bundle target, if the version has several."),
     compat: Optional[str] = typer.Option(None, "--compat", help="Bundle compat key, if the version has several."),
@@ -343,7 +384,7 @@ def promote(
 @app.command("ls")
 @handle_errors
 def ls_command(
-    name: Optional[str] = typer.Argument(None, help="Model name (default: list the store's models)."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME", help="Model name (default: list the store's models)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
@@ -380,7 +421,7 @@ def ls_command(
 @app.command("gc")
 @handle_errors
 def gc_command(
-    name: Optional[str] = typer.Argument(None, help="Only this model (default: the whole store)."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME", help="Only this model (default: the whole store)."),
     apply: bool = typer.Option(False, "--apply", help="Remove what was found (default: dry run)."),
     grace_hours: float = typer.Option(24.0, "--grace-hours", min=0, help="Leave anything younger than this."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
@@ -477,7 +518,7 @@ def worker(
 @app.command()
 @handle_errors
 def retrain(
-    name: str = typer.Argument(..., help="Model name (the spec's name in its retrain deployment)."),
+    name: str = typer.Argument(..., metavar="NAME", help="Model name (the spec's name in its retrain deployment)."),
     weights: str = typer.Option(..., "--weights", help="New state dict: s3://bucket/key or a path the workers can read."),
     sha256: Optional[str] = typer.Option(None, "--sha256", help="Expected sha256 of the weights (default: computed from a local file)."),
     version: Optional[str] = typer.Option(None, "--version", help="Version to publish (default: <spec version>-<sha256[:12]>)."),

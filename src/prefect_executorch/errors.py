@@ -22,6 +22,12 @@ class ToolchainMismatch(PrefectExecutorchError):
     exit_code = 2
 
 
+class MissingMainGuard(PrefectExecutorchError):
+    """A script starts child processes at import time: each child would run the script again."""
+
+    exit_code = 2
+
+
 class ExportFailed(PrefectExecutorchError):
     """Exporting the model to an ExecuTorch program failed."""
 

@@ -58,6 +58,27 @@ def _context() -> Any:
     return context
 
 
+def check_main_guard() -> None:
+    """Refuse to start children from a script without ``if __name__ == "__main__":``.
+
+    forkserver and spawn children import the main script again (as ``__mp_main__``) before they
+    run anything; unguarded, that import would build again and the child would die with no output.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or getattr(main, "__spec__", None) is not None or not path or not str(path).endswith(".py"):
+        return  # `python -m`, an entry point's guarded stub, or an interactive session
+    try:
+        source = Path(path).read_text(errors="replace")
+    except OSError:
+        return
+    if "__main__" not in source:
+        raise errors.MissingMainGuard(
+            f"{path} calls prefect-executorch at import time; its export and validation run in child processes that "
+            "import the script again, so put the script's work under `if __name__ == \"__main__\":`"
+        )
+
+
 def warm_up(quiet: bool = False) -> None:
     """Start the forkserver now so its imports overlap with the caller's own start-up.
 
@@ -66,6 +87,7 @@ def warm_up(quiet: bool = False) -> None:
     """
     if os.environ.get(START_METHOD_ENV, "forkserver") != "forkserver":
         return
+    check_main_guard()
     _context()
     if not quiet:
         multiprocessing.forkserver.ensure_running()
@@ -116,6 +138,7 @@ def run_isolated(
 ) -> ResultT:
     """Run ``command`` on ``request`` in a child process and return its typed result."""
     what = what or command
+    check_main_guard()
     scratch_dir.mkdir(parents=True, exist_ok=True)
     ipc = Path(tempfile.mkdtemp(prefix=f".{command}-", dir=scratch_dir))
     try:
