@@ -171,12 +171,27 @@ def count_names(names: list[str]) -> str:
     return ", ".join(f"{name} × {count}" for name, count in Counter(names).items()) or "none"
 
 
+def _worst_per_method(store: Any, key: Any) -> dict[str, float]:
+    """Largest absolute error of each method over its cases, from the bundle's validation.json."""
+    from prefect_executorch.artifacts.manifest import VALIDATION_FILE
+    from prefect_executorch.report import ValidationReport
+
+    data, _ = store.get_bytes(key.key(VALIDATION_FILE))
+    worst: dict[str, float] = {}
+    for case in ValidationReport.model_validate_json(data).cases:
+        for output in case.outputs:
+            worst[case.method] = max(worst.get(case.method, 0.0), output.max_abs)
+    return worst
+
+
 def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     """Where the bundle is, what it runs on and how it validated; fresh build or cache hit; each stage's time."""
     from prefect_executorch.artifacts.registry import read_manifest
     from prefect_executorch.artifacts.store import open_store
 
-    manifest, _ = read_manifest(open_store(ref.store), ref.key)
+    store = open_store(ref.store)
+    manifest, _ = read_manifest(store, ref.key)
+    worst = _worst_per_method(store, ref.key)
     how = "[bold cyan]cache hit[/] (unchanged rebuild, nothing exported)" if ref.cache_hit else "[bold green]fresh build[/]"
     console.print(f"{how}: {ref.key.prefix} in {ref.store}")
     console.print(f"compat {manifest.compat}; manifest sha256 {ref.manifest_sha256}")
@@ -184,7 +199,8 @@ def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     for method, delegates in manifest.delegates().items():
         fraction = fractions.get(method)
         share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""
-        console.print(f"  {method}: delegates {count_names(delegates)}{share}")
+        error = f"; worst max abs error {worst[method]:.3g}" if method in worst else ""
+        console.print(f"  {method}: delegates {count_names(delegates)}{share}{error}")
     console.print(f"validation: {manifest.validation.cases} cases passed; worst: {escape(manifest.validation.worst or '-')}")
     console.print("stages: " + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
 
