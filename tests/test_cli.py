@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from helpers import MODELS, spec_data
+from helpers import CLI_NOISE, MODELS, spec_data
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 
@@ -47,10 +47,6 @@ def _write_spec(tmp_path: Path, factory: str = "convnet", **overrides: Any) -> P
     return spec
 
 
-#: Third-party notes that must stay out of normal output (torchao, torch's _pytree, ExecuTorch's cpuinfo).
-NOISE = ("Failed to load", "_pytree", "cpuinfo", "Traceback", "Encountered exception", "Finished in state")
-
-
 @pytest.mark.parametrize(
     ("factory", "overrides", "code", "cause"),
     [
@@ -71,7 +67,7 @@ def test_an_expected_failure_is_one_short_message(tmp_path: Path, factory: str, 
     assert re.search(cause, result.stderr), output
     lines = [line for line in output.splitlines() if line.strip()]
     assert len(lines) <= (6 if "tensorrt" in json.dumps(overrides) else 3), output  # tensorrt: one line per problem
-    assert not [word for word in NOISE if word in output], output
+    assert not [word for word in CLI_NOISE if word in output], output
 
 
 def test_debug_shows_the_traceback_of_the_cause(tmp_path: Path) -> None:

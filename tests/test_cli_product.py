@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from helpers import spec_data
+from helpers import CLI_NOISE, spec_data
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 MLP = {"methods": {"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}}, "target": "portable"}
@@ -37,6 +37,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "fresh build: mlp/1/portable/" in result.stdout
     assert "stages: probe" in result.stdout and "export" in result.stdout and "publish" in result.stdout
+    assert not [word for word in CLI_NOISE if word in result.stdout + result.stderr], result.stderr
     return work
 
 

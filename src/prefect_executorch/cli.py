@@ -62,6 +62,13 @@ def _debug() -> bool:
     return bool(os.environ.get(DEBUG_ENV))
 
 
+def _start_children() -> None:
+    """Start the child-process server now (its imports overlap with ours), its own output kept off the terminal."""
+    from prefect_executorch.isolation import warm_up
+
+    warm_up(quiet=not _debug())
+
+
 def handle_errors(function: F) -> F:
     """Print our typed errors without a traceback and exit 2 (bad input) or 1 (failure)."""
 
@@ -102,9 +109,7 @@ def build(
 
     spec = load_spec(spec_path)
     spec.check_model_reference()
-    from prefect_executorch.isolation import warm_up
-
-    warm_up(quiet=not _debug())  # overlap the children's torch/ExecuTorch imports with what follows
+    _start_children()
     from prefect_executorch.progress import listening
 
     view = LiveView()
@@ -264,6 +269,7 @@ def validate(
         raise SpecError("validate: give either BUNDLE_DIR or --bundle <.../manifest.json>, not both or neither")
     spec = load_spec(spec_path)
     spec.check_model_reference()
+    _start_children()
     root = output or Path(tempfile.mkdtemp(prefix="prefect-executorch-validate-"))
     try:
         if bundle is not None:
@@ -325,9 +331,10 @@ def inspect(
 @handle_errors
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show what this machine can build: versions, CUDA channel, GPUs, OS and arch."""
-    from prefect_executorch.toolchain import probe as run_probe
+    from prefect_executorch.toolchain import probe_isolated
 
-    toolchain = run_probe()
+    _start_children()
+    toolchain = probe_isolated()  # in a child: torch's import-time notes stay in its log
     if as_json:
         sys.stdout.write(toolchain.model_dump_json(indent=2) + "\n")
         return
