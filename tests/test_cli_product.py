@@ -126,3 +126,15 @@ def test_ids_outside_the_vocabulary_are_blamed_on_the_inputs_range(tmp_path: Pat
     assert "ExportFailed: stage eager run: method 'forward' with inputs (input_ids: int64 [1, 8] in [0, 1000))" \
         in result.stderr
     assert "IndexError" in result.stderr and "set methods.forward.inputs[].low/high" in result.stderr
+
+
+def test_gc_apply_leaves_no_empty_folders(tmp_path: Path) -> None:
+    from prefect_executorch.artifacts.store import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    store.put_bytes("lost/1/portable/cpu-portable-x86_64/model.pte", b"an upload whose manifest never came")
+    store.put_bytes("kept/1/portable/cpu-portable-x86_64/manifest.json", b"{}")
+    result = run_cli("gc", "--apply", "--grace-hours", "0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "removed lost/1/portable/cpu-portable-x86_64/model.pte" in result.stdout
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["kept"]  # no empty lost/1/portable/...
