@@ -131,9 +131,10 @@ def select_bundle(store: ObjectStore, name: str, version: str, target: str | Non
         return candidates[0]
     existing = ", ".join(f"{key.target}/{key.compat}" for key in list_bundles(store, name, version)) or "none"
     if not candidates:
+        versions = ", ".join(sorted({key.version for key in list_bundles(store, name)})) or "none"
         raise BundleNotFound(
             f"no bundle of {name} version {version} matches target={target or 'any'} compat={compat or 'any'} "
-            f"in {store.url}; published: {existing}")
+            f"in {store.url}; published: {existing}; versions of {name} there: {versions}")
     raise BundleConflict(
         f"{name} version {version} has {len(candidates)} bundles ({existing}); choose one with --target/--compat")
 

@@ -52,6 +52,19 @@ def ls(store: ObjectStore, name: str) -> Listing:
                    aliases=list_aliases(store, name), incomplete=incomplete)
 
 
+def models(store: ObjectStore) -> list[str]:
+    """Names of the models with at least one published bundle."""
+    return sorted({info.key.split("/")[0] for info in store.list("")
+                   if info.key.endswith(f"/{MANIFEST_FILE}") and info.key.count("/") == 4
+                   and info.key.split("/")[1] != ALIASES_DIR})
+
+
+def require_model(store: ObjectStore, name: str) -> None:
+    """Raise ``BundleNotFound`` naming the store's models when ``name`` has no object there."""
+    if not store.list(f"{check_name(name, 'name')}/"):
+        raise BundleNotFound(f"no model {name} in {store.url}; models there: {', '.join(models(store)) or 'none'}")
+
+
 def _describe(keys: list[BundleKey]) -> str:
     return ", ".join(f"{k.version} {k.target}/{k.compat}" for k in keys) or "none"
 

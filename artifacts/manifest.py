@@ -112,6 +112,7 @@ class Manifest(BaseModel):
     spec_sha256: str
     weights_sha256: str | None = None
     quantization: QuantizationFacts | None = Field(None, description="Scheme, group size, calibration, torchao version.")
+    fingerprint: str | None = Field(None, description="Build fingerprint (fingerprint.py): an unchanged rebuild has the same.")
     validation: ValidationSummary
     bundled: BundledFacts | None = Field(None, description="The .bpte of the validation cases, or why there is none.")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))

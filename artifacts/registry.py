@@ -38,6 +38,7 @@ from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import (
     BundleConflict,
     BundleNotFound,
+    DestinationExists,
     IntegrityError,
     ObjectExists,
     PrefectExecutorchError,
@@ -59,6 +60,7 @@ class BundleRef(BaseModel):
     key: BundleKey
     manifest_key: str
     manifest_sha256: str
+    cache_hit: bool = Field(False, description="The bundle was already published by an identical build.")
 
 
 def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports: list[str],
@@ -272,7 +274,7 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
         )
     verify_pairing(manifest)
     if dest.exists():
-        raise BundleConflict(f"destination {dest} already exists; choose a new directory")
+        raise DestinationExists(f"destination {dest} already exists; choose a new directory (pull never writes into one)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.with_name(f".{dest.name}.partial-{uuid.uuid4().hex[:8]}")
     staging.mkdir()
@@ -301,7 +303,8 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
     return manifest
 
 
-def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport) -> Manifest:
+def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport,
+                   fingerprint: str | None = None) -> Manifest:
     """Write ``validation.json`` into the export directory and build the bundle's manifest."""
     target = get_target(spec.target_name)
     bundle_dir = export.path
@@ -323,6 +326,7 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
         spec_sha256=spec.sha256(),
         weights_sha256=export.weights_sha256,
         quantization=export.quantization,
+        fingerprint=fingerprint,
         validation=report.summary(),
         bundled=bundled,
     )

@@ -236,7 +236,16 @@ class LocalStore(ObjectStore):
         return found
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        # A directory store has folders where S3 has only key prefixes: leave no empty one behind.
+        for parent in path.parents:
+            if parent == self.root or not parent.is_relative_to(self.root):
+                break
+            try:
+                parent.rmdir()
+            except OSError:  # not empty (or already gone)
+                break
 
     def incomplete_uploads(self, prefix: str) -> builtins.list[IncompleteUpload]:
         base = self.root / prefix.rstrip("/") if prefix else self.root

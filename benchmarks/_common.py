@@ -31,6 +31,15 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def spread(seconds: list[float]) -> dict[str, Any]:
+    """Median, min and max of repeated runs (goals are judged on the median), with every run."""
+    ordered = sorted(seconds)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return {"median_s": round(median, 2), "min_s": round(ordered[0], 2), "max_s": round(ordered[-1], 2),
+            "runs_s": [round(value, 2) for value in seconds]}
+
+
 def report(name: str, ratio: float, goal: str, figures: dict[str, Any]) -> bool:
     """Write results/<name>.json and print the closing RESULT line; return whether the goal is met."""
     op, bound = goal[:2] if goal[1] == "=" else goal[:1], float(goal[2:] if goal[1] == "=" else goal[1:])

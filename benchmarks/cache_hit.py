@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import report  # noqa: E402
+from _common import report, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACING_S = 5
@@ -57,12 +57,12 @@ def main() -> int:
             started = time.perf_counter()
             build_bundle(spec, **kwargs)
             back_to_back.append(time.perf_counter() - started)
-    rebuild = sorted(rebuilds)[1]
-    if again != first or sorted(p.name for p in (work / "out").iterdir()) != exports:
+    rebuild = spread(rebuilds)["median_s"]
+    exported_again = sorted(p.name for p in (work / "out").iterdir()) != exports
+    if not again.cache_hit or again.model_copy(update={"cache_hit": False}) != first or exported_again:
         raise SystemExit("the rebuild was not a cache hit: it returned another bundle or exported again")
     passed = report("cache_hit", rebuild / full, "<=0.05", {
-        "full_build_s": round(full, 2), "cached_rebuild_s (median of 3)": round(rebuild, 2),
-        "cached_rebuilds_s": [round(r, 2) for r in rebuilds], "spacing_s": SPACING_S,
+        "full_build_s": round(full, 2), "cached_rebuild": spread(rebuilds), "spacing_s": SPACING_S,
         "back_to_back_rebuilds_s (not the goal)": [round(r, 2) for r in back_to_back],
         "prefect_start_s (excluded)": round(prefect_start, 2), "bundle": first.key.prefix,
     })

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import report  # noqa: E402
+from _common import report, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "convnet" / "spec.yaml"
@@ -94,10 +94,9 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
-    plain.sort(), flow.sort()
-    p, f = plain[len(plain) // 2], flow[len(flow) // 2]
+    p, f = spread(plain)["median_s"], spread(flow)["median_s"]
     report("orchestration_overhead", f / p, "<=1.15", {
-        "plain_script_s": round(p, 2), "build_bundle_flow_s": round(f, 2),
+        "plain_script": spread(plain), "build_bundle_flow": spread(flow),
         "prefect_server_start_s (one-time, excluded)": round(prefect_start, 2), "repeat": args.repeat,
     })
 

@@ -12,7 +12,7 @@ from prefect.blocks.core import Block
 from prefect_executorch.artifacts.registry import BundleRef
 from prefect_executorch.placement import Placement
 from prefect_executorch.spec import BuildSpec
-from prefect_executorch.tasks.build import build_and_publish, is_published
+from prefect_executorch.tasks.build import build_and_publish, check_published
 from prefect_executorch.tasks.cache import resolve_result_storage
 from prefect_executorch.tasks.probe import check_buildable, check_placement, probe_toolchain
 from prefect_executorch.tasks.weights import fetch_weights
@@ -47,10 +47,12 @@ def build_bundle(
         if weights_uri:
             spec = fetch_weights(weights_uri, output_root, weights_sha256).apply(spec)
         compat = check_buildable(spec, toolchain)
-        published = is_published(spec, compat, store)
+        published = check_published(spec, toolchain, compat, store)
+        if published.ref is not None:
+            return published.ref
         storage = resolve_result_storage(result_storage)
         # A cache record whose bundle is gone from the store is refreshed: the build runs again.
-        build = build_and_publish.with_options(refresh_cache=not published)
+        build = build_and_publish.with_options(refresh_cache=not published.published)
         if storage is not None:
             build = build.with_options(result_storage=storage)
         return build(spec, toolchain, compat, store, output_root)

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey
+from prefect_executorch.artifacts.rebuild import PublishedBuild, check_rebuild
 from prefect_executorch.artifacts.registry import BundleRef
 from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.fingerprint import build_fingerprint
 from prefect_executorch.placement import needs_cuda
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.tasks.cache import BuildCachePolicy
@@ -23,15 +24,10 @@ if TYPE_CHECKING:
     from prefect.blocks.core import Block
 
 
-def bundle_key(spec: BuildSpec, compat: str) -> BundleKey:
-    """Where ``spec`` built for ``compat`` is published."""
-    return BundleKey(name=spec.name, version=spec.version, target=spec.target_name, compat=compat)
-
-
-@task(name="is-published")
-def is_published(spec: BuildSpec, compat: str, store: str | Block) -> bool:
-    """Whether the bundle's manifest exists in the store (a cached result is only trusted if it does)."""
-    return open_store(store).exists(bundle_key(spec, compat).key(MANIFEST_FILE))
+@task(name="check-published")
+def check_published(spec: BuildSpec, toolchain: Toolchain, compat: str, store: str | Block) -> PublishedBuild:
+    """Before exporting: the published bundle of an unchanged rebuild, or ``BundleConflict`` for a changed one."""
+    return check_rebuild(spec, toolchain, compat, open_store(store))
 
 
 @task(name="build-and-publish", cache_policy=BuildCachePolicy(), persist_result=True)
@@ -45,4 +41,5 @@ def build_and_publish(
             get_run_logger().info("holding GPU slot %s", slot)
         export = export_model(spec, output_root)
         report = validate_export(spec, export, output_root)
-    return publish_bundle(spec, toolchain, export, report, store)
+    fingerprint = build_fingerprint(spec, toolchain, compat, open_store(store).url).key()
+    return publish_bundle(spec, toolchain, export, report, store, fingerprint)

@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from prefect_executorch.exporter import ExportedProgramDir, export_program
+from prefect_executorch.progress import stage
 from prefect_executorch.spec import BuildSpec
 
 
@@ -14,6 +15,7 @@ from prefect_executorch.spec import BuildSpec
 def export_model(spec: BuildSpec, output_root: Path) -> ExportedProgramDir:
     """Export ``spec``; a crash or timeout of the child fails this task with its stderr."""
     spec.check_model_reference()
-    result = export_program(spec, output_root)
+    with stage("export"):
+        result = export_program(spec, output_root)
     get_run_logger().info("exported %s in %.1f s; delegates: %s", result.out_dir, result.seconds, result.delegates())
     return result

@@ -6,6 +6,7 @@ from prefect import get_run_logger, task
 
 from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.placement import Placement, route
+from prefect_executorch.progress import stage
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain, probe_isolated
@@ -14,7 +15,8 @@ from prefect_executorch.toolchain import Toolchain, probe_isolated
 @task(name="probe-toolchain")
 def probe_toolchain() -> Toolchain:
     """What this worker is: versions, CUDA channel, GPUs, OS and arch (probed in a child process)."""
-    return probe_isolated()
+    with stage("probe"):
+        return probe_isolated()
 
 
 @task(name="check-buildable")

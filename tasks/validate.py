@@ -11,6 +11,7 @@ from prefect_executorch.artifacts.reports import publish_validation_artifacts
 from prefect_executorch.bundled import BUNDLED_FILE, method_cases, require_bundled_passed, skip_reason, verify_bundled
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.exporter import ExportedProgramDir
+from prefect_executorch.progress import stage
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.validator import require_passed, validate_program
@@ -37,15 +38,16 @@ def validate_export(spec: BuildSpec, export: ExportedProgramDir, scratch_dir: Pa
     ExecuTorch then runs in a fresh child: the bundle's own test cases must pass before it is published.
     """
     title = f"{spec.name}-{spec.version}-{spec.target_name}"
-    skipped = skip_reason(export.path / export.program, spec)
-    bundled_out = None if skipped else export.path / BUNDLED_FILE
-    report = _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir, bundled_out)
-    if (export.path / BUNDLED_FILE).is_file():
-        check = verify_bundled(export.path, spec.target_name, export.data_files, method_cases(report),
-                               scratch_dir=scratch_dir)
-        require_bundled_passed(check, export.path)
-    else:
-        get_run_logger().info("no %s: %s", BUNDLED_FILE, skipped or "an input or output is not a tensor")
+    with stage("validate"):
+        skipped = skip_reason(export.path / export.program, spec)
+        bundled_out = None if skipped else export.path / BUNDLED_FILE
+        report = _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir, bundled_out)
+        if (export.path / BUNDLED_FILE).is_file():
+            check = verify_bundled(export.path, spec.target_name, export.data_files, method_cases(report),
+                                   scratch_dir=scratch_dir)
+            require_bundled_passed(check, export.path)
+        else:
+            get_run_logger().info("no %s: %s", BUNDLED_FILE, skipped or "an input or output is not a tensor")
     return report
 
 

@@ -9,6 +9,9 @@ import pytest
 
 TESTS = Path(__file__).parent
 MODELS = TESTS / "models.py"
+#: What must stay out of the CLI's normal output: third-party notes (torchao, torch's _pytree, ExecuTorch's
+#: cpuinfo) and Prefect's engine logs of a failed task or flow.
+CLI_NOISE = ("Failed to load", "_pytree", "cpuinfo", "Traceback", "Encountered exception", "Finished in state")
 
 
 def spec_data(factory: str = "convnet", **overrides: Any) -> dict[str, Any]:

@@ -215,3 +215,38 @@ def weighted_mm() -> nn.Module:
     """A weight for the CUDA backend when mm is kept out of TensorRT (its weights go to the .ptd)."""
     torch.manual_seed(3)
     return WeightedMm()
+
+
+def tiny_bert() -> nn.Module:
+    """A Hugging Face BertModel built from a small config (no hub access), returning tensors only."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(5)
+    config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=32)
+    return BertModel(config, add_pooling_layer=False).eval()
+
+
+class ReturnsCache(nn.Module):
+    """Returns a transformers DynamicCache beside a tensor, as a decoder with use_cache=True does."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, object]:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        cache.update(x, x * 2, 0)
+        return x + 1, cache
+
+
+def returns_cache() -> nn.Module:
+    return ReturnsCache()
+
+
+class Sorts(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sort(x, dim=-1).values
+
+
+def sorts() -> nn.Module:
+    """Calls aten::sort, which ExecuTorch's portable runtime has no kernel for."""
+    return Sorts()

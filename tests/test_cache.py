@@ -11,6 +11,7 @@ import torch
 
 from prefect_executorch.artifacts.registry import verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
+from prefect_executorch.errors import BundleConflict
 from prefect_executorch.fingerprint import build_fingerprint
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.spec import BuildSpec
@@ -47,9 +48,10 @@ def test_unchanged_rebuild_is_cached_and_a_lost_bundle_is_rebuilt(make_spec, tmp
     assert len(exports) == 1
 
     second, states = _build(spec, store, out)
-    assert second == first
-    assert states["build-and-publish"] == "Cached"
-    assert "export" not in states and "validate" not in states  # nested tasks never started
+    assert second.cache_hit and not first.cache_hit
+    assert second.model_copy(update={"cache_hit": False}) == first
+    assert states["check-published"] == "Completed" and "build-and-publish" not in states
+    assert "export" not in states and "validate" not in states
     assert _exports(out) == exports  # no export child ran: no new export directory
 
     # The bundle vanished from the store: the cache record alone must not be trusted.
@@ -64,6 +66,18 @@ def test_unchanged_rebuild_is_cached_and_a_lost_bundle_is_rebuilt(make_spec, tmp
 @pytest.fixture(scope="module")
 def toolchain() -> Toolchain:
     return probe()
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_changed_build_of_a_published_version_is_refused_before_export(make_spec, tmp_path: Path) -> None:
+    spec = make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}}, target="portable")
+    store, out = LocalStore(tmp_path / "store"), tmp_path / "out"
+    first, _ = _build(spec, store, out)
+    changed = spec.model_copy(update={"validation": spec.validation.model_copy(update={"samples": 2})})
+    with pytest.raises(BundleConflict, match=rf"{first.key.prefix} is already published .* by a different build "
+                                             r"\(the spec differs\); nothing was exported"):
+        build_bundle(changed, store=str(store.root), output=str(out))
+    assert len(_exports(out)) == 1  # no second export directory: the refusal came first
 
 
 def test_fingerprint_follows_content_not_paths(make_spec, toolchain: Toolchain, tmp_path: Path) -> None:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from helpers import MODELS
+import pytest
+
+from helpers import CLI_NOISE, MODELS, spec_data
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 
@@ -37,9 +41,42 @@ def test_missing_factory_exits_2(tmp_path: Path) -> None:
     assert result.returncode == 2 and "defines no top-level 'missing'" in result.stderr
 
 
-def test_debug_shows_the_traceback(tmp_path: Path) -> None:
-    result = _run("--debug", "build", str(tmp_path / "absent.yaml"), cwd=tmp_path)
-    assert result.returncode != 0 and "Traceback" in result.stderr
+def _write_spec(tmp_path: Path, factory: str = "convnet", **overrides: Any) -> Path:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(spec_data(factory, **overrides)))
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("factory", "overrides", "code", "cause"),
+    [
+        ("convnet", {"validation": {"samples": 1, "atol": 0, "rtol": 0, "min_cosine": 1.0}}, 1,
+         r"ValidationFailed: 1 of 1 validation cases failed; worst: forward\[0\]"),
+        ("mlp", {"methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}, "target": {"kind": "tensorrt"}},
+         2, r"ToolchainMismatch: this worker cannot build target tensorrt"),
+        ("raises", {}, 2, r"SpecError: model: factory .*:raises' raised RuntimeError: factory exploded on purpose"),
+        ("aborts", {}, 1, r"ExportFailed: export of aborts 1 for xnnpack child process was killed by SIGABRT"),
+    ],
+    ids=["validation-failure", "toolchain-refusal", "factory-raises", "factory-aborts"],
+)
+def test_an_expected_failure_is_one_short_message(tmp_path: Path, factory: str, overrides: dict[str, Any], code: int,
+                                                  cause: str) -> None:
+    result = _run("build", str(_write_spec(tmp_path, factory, **overrides)), cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == code, output
+    assert re.search(cause, result.stderr), output
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) <= (6 if "tensorrt" in json.dumps(overrides) else 3), output  # tensorrt: one line per problem
+    assert not [word for word in CLI_NOISE if word in output], output
+
+
+def test_debug_shows_the_traceback_of_the_cause(tmp_path: Path) -> None:
+    result = _run("--debug", "build", str(_write_spec(tmp_path, "raises")), cwd=tmp_path)
+    assert result.returncode != 0
+    # The factory's own frame and exception, not only the CLI's re-raise.
+    assert 'raise RuntimeError("factory exploded on purpose")' in result.stderr, result.stderr
+    assert "RuntimeError: factory exploded on purpose" in result.stderr
+    assert "Traceback" in result.stderr
 
 
 def test_probe_json_describes_this_machine(tmp_path: Path) -> None:

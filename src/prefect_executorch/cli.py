@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
 import sys
+import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
@@ -15,21 +19,55 @@ from rich.table import Table
 
 from prefect_executorch.errors import PrefectExecutorchError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False)
-console = Console()
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False,
+                  # Plain help, wrapped at the terminal, never cut; wide when piped (to a pager, grep or a file).
+                  rich_markup_mode=None,
+                  context_settings={"max_content_width": 160, "terminal_width": None if sys.stdout.isatty() else 160})
+console = Console(soft_wrap=True)
 err_console = Console(stderr=True, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable[..., Any])
 STORE_ENV = "PREFECT_EXECUTORCH_STORE"
 DEFAULT_STORE = "./bundles"
+DEBUG_ENV = "PREFECT_EXECUTORCH_DEBUG"
 
 
-def _quiet_defaults() -> None:
+def _quiet_defaults(debug: bool) -> None:
     # No telemetry from a build tool, and no surprise network calls in an offline build.
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # A fresh ephemeral database takes longer than Prefect's 20 s default on a small machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    if debug:
+        return
+    # Prefect's engine logs every failed task's and flow's exception with its traceback, and the
+    # ephemeral server logs its own retries; the CLI reports the one error itself. The runs' logs
+    # still reach the API. (Prefect reads PREFECT_LOGGING_<path>_<key> overrides of logging.yml.)
+    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
+    # Library notes (torch's _pytree deprecation, torchao's optional kernels) are no user's business.
+    warnings.filterwarnings("ignore")
+    logging.getLogger("torchao").setLevel(logging.CRITICAL)
+
+
+#: Where a ChildProcessFailed message starts the child's stderr (isolation.py); shown with --debug.
+_CHILD_TAIL = "\n--- child stderr (tail) ---"
+
+
+def _one_message(exc: PrefectExecutorchError) -> str:
+    message, tail, _ = str(exc).partition(_CHILD_TAIL)
+    return message + ("\n(rerun with --debug for the child process's output)" if tail else "")
+
+
+def _debug() -> bool:
+    return bool(os.environ.get(DEBUG_ENV))
+
+
+def _start_children() -> None:
+    """Start the child-process server now (its imports overlap with ours), its own output kept off the terminal."""
+    from prefect_executorch.isolation import warm_up
+
+    warm_up(quiet=not _debug())
 
 
 def handle_errors(function: F) -> F:
@@ -40,9 +78,10 @@ def handle_errors(function: F) -> F:
         try:
             return function(*args, **kwargs)
         except PrefectExecutorchError as exc:
-            if os.environ.get("PREFECT_EXECUTORCH_DEBUG"):
+            if _debug():
                 raise
-            err_console.print(f"[bold red]{type(exc).__name__}:[/] {escape(str(exc))}", markup=True, highlight=False)
+            err_console.print(f"[bold red]{type(exc).__name__}:[/] {escape(_one_message(exc))}", markup=True,
+                              highlight=False)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
@@ -51,9 +90,9 @@ def handle_errors(function: F) -> F:
 @app.callback()
 def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
     """Export PyTorch models to ExecuTorch, validate them against eager PyTorch, publish bundles."""
-    _quiet_defaults()
+    _quiet_defaults(debug)
     if debug:
-        os.environ["PREFECT_EXECUTORCH_DEBUG"] = "1"
+        os.environ[DEBUG_ENV] = "1"
     from prefect_executorch.embedded import embedded_settings
 
     ctx.with_resource(embedded_settings())
@@ -71,21 +110,133 @@ def build(
 
     spec = load_spec(spec_path)
     spec.check_model_reference()
-    from prefect_executorch.isolation import warm_up
+    _start_children()
+    from prefect_executorch.progress import listening
 
-    warm_up()  # overlap the children's torch/ExecuTorch imports with Prefect's start-up
-    from prefect_executorch.flows.build import build_bundle
+    prefect_start = _start_prefect_early(spec, store)
+    view = LiveView()
+    with view, listening(view.on_stage):
+        ref = _published_build(spec, store)
+        if ref is None:
+            from prefect_executorch.flows.build import build_bundle
 
-    ref = build_bundle(spec, store=store, output=str(output) if output else None)
+            if prefect_start is not None:
+                prefect_start.join()
+            ref = build_bundle(spec, store=store, output=str(output) if output else None)
+    print_build_summary(ref, view.seconds)
+
+
+def _start_prefect_early(spec: Any, store: str) -> Optional[threading.Thread]:
+    """Start Prefect's API in the background when no bundle of this version exists (it cannot be a cache hit).
+
+    Its start (the ephemeral server's imports and database, the largest part of a CLI build's overhead)
+    then overlaps the probe; a version with bundles waits for the cache check first, so a hit never pays it.
+    """
+    from prefect_executorch.artifacts.registry import list_bundles
+    from prefect_executorch.artifacts.store import open_store
+
+    if list_bundles(open_store(store), spec.name, spec.version):
+        return None
+
+    def start() -> None:
+        from prefect import get_client
+
+        try:
+            get_client(sync_client=True)  # starts the ephemeral API once, unless a server is configured
+        except Exception:  # noqa: BLE001 - the flow starts it again and reports what fails
+            return
+
+    thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
+    thread.start()
+    return thread
+
+
+class LiveView:
+    """probe -> export -> validate -> publish with elapsed times, live on a terminal; the times are kept for the summary."""
+
+    def __init__(self) -> None:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.seconds: dict[str, float] = {}
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                  console=err_console, disable=not err_console.is_terminal or _debug())
+        self._rows: dict[str, Any] = {}
+
+    def __enter__(self) -> "LiveView":
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def on_stage(self, name: str, event: str, seconds: float) -> None:
+        """Start a row for a stage, or end it as done or failed."""
+        if event == "start":
+            if name in self._rows:  # a stage that runs again (the flow probes after the CLI did) reuses its row
+                self._progress.reset(self._rows[name], description=name)
+            else:
+                self._rows[name] = self._progress.add_task(name, total=1)
+            return
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds  # the flow probes again after the CLI's check
+        mark = "[green]done[/]" if event == "done" else "[red]failed[/]"
+        self._progress.update(self._rows[name], completed=1, description=f"{name} {mark}")
+
+
+def _published_build(spec: Any, store: str) -> Any:
+    """An unchanged rebuild's published bundle, found without starting Prefect; a changed one is refused here."""
+    from prefect_executorch.artifacts.rebuild import check_rebuild
+    from prefect_executorch.artifacts.store import open_store
+    from prefect_executorch.targets import get_target
+    from prefect_executorch.progress import stage
+    from prefect_executorch.toolchain import probe_isolated
+
+    with stage("probe"):
+        toolchain = probe_isolated()
+    target = get_target(spec.target_name)
+    for warning in target.check(spec, toolchain):
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}")
+    return check_rebuild(spec, toolchain, target.compat(spec, toolchain), open_store(store)).ref
+
+
+def count_names(names: list[str]) -> str:
+    """``XnnpackBackend × 22, VulkanBackend × 1`` in first-seen order; ``none`` for an empty list."""
+    from collections import Counter
+
+    return ", ".join(f"{name} × {count}" for name, count in Counter(names).items()) or "none"
+
+
+def _worst_per_method(store: Any, key: Any) -> dict[str, float]:
+    """Largest absolute error of each method over its cases, from the bundle's validation.json."""
+    from prefect_executorch.artifacts.manifest import VALIDATION_FILE
+    from prefect_executorch.report import ValidationReport
+
+    data, _ = store.get_bytes(key.key(VALIDATION_FILE))
+    worst: dict[str, float] = {}
+    for case in ValidationReport.model_validate_json(data).cases:
+        for output in case.outputs:
+            worst[case.method] = max(worst.get(case.method, 0.0), output.max_abs)
+    return worst
+
+
+def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
+    """Where the bundle is, what it runs on and how it validated; fresh build or cache hit; each stage's time."""
     from prefect_executorch.artifacts.registry import read_manifest
     from prefect_executorch.artifacts.store import open_store
 
-    manifest, _ = read_manifest(open_store(store), ref.key)
-    console.print(f"[bold green]published[/] {ref.key.prefix} to {ref.store}")
-    console.print(f"manifest sha256 {ref.manifest_sha256}")
+    store = open_store(ref.store)
+    manifest, _ = read_manifest(store, ref.key)
+    worst = _worst_per_method(store, ref.key)
+    how = "[bold cyan]cache hit[/] (unchanged rebuild, nothing exported)" if ref.cache_hit else "[bold green]fresh build[/]"
+    console.print(f"{how}: {ref.key.prefix} in {ref.store}")
+    console.print(f"compat {manifest.compat}; manifest sha256 {ref.manifest_sha256}")
+    fractions = manifest.validation.delegated_fraction
     for method, delegates in manifest.delegates().items():
-        console.print(f"  {method}: delegates {delegates or '[] (portable kernels)'}")
-    console.print(f"validation: {manifest.validation.cases} cases passed; worst: {manifest.validation.worst}")
+        fraction = fractions.get(method)
+        share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""
+        error = f"; worst max abs error {worst[method]:.3g}" if method in worst else ""
+        console.print(f"  {method}: delegates {count_names(delegates)}{share}{error}")
+    console.print(f"validation: {manifest.validation.cases} cases passed; worst: {escape(manifest.validation.worst or '-')}")
+    console.print("stages: " + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
 
 
 def _rows_table(title: str, rows: list[Any]) -> Table:
@@ -126,7 +277,7 @@ def _revalidation_notes(spec: Any, manifest: Any) -> None:
 @handle_errors
 def validate(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
-    bundle_dir: Optional[Path] = typer.Argument(None, help="Directory with model.pte (a pulled bundle or an export)."),
+    bundle_dir: Optional[Path] = typer.Argument(None, metavar="BUNDLE_DIR", help="Directory with model.pte (a pulled bundle or an export)."),
     bundle: Optional[str] = typer.Option(
         None, "--bundle", help="A published bundle: <store-url-or-dir>/<name>/<version>/<target>/<compat>/manifest.json; "
         "pulled, verified, then re-validated against the current eager model.",
@@ -147,6 +298,7 @@ def validate(
         raise SpecError("validate: give either BUNDLE_DIR or --bundle <.../manifest.json>, not both or neither")
     spec = load_spec(spec_path)
     spec.check_model_reference()
+    _start_children()
     root = output or Path(tempfile.mkdtemp(prefix="prefect-executorch-validate-"))
     try:
         if bundle is not None:
@@ -178,17 +330,30 @@ def validate(
 
 @app.command()
 @handle_errors
-def inspect(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with manifest.json) or an export.")) -> None:
-    """Show a bundle's manifest, verify its files and list the delegates read from the program."""
+def inspect(
+    bundle_dir: Path = typer.Argument(..., metavar="BUNDLE_DIR", help="A bundle directory (with manifest.json), e.g. from `pull --to`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+) -> None:
+    """Verify a bundle's files against its manifest and summarize it: key, compat, delegates, validation."""
     from prefect_executorch.artifacts.registry import verify_bundle_dir
     from prefect_executorch.program import read_program
 
     manifest = verify_bundle_dir(bundle_dir)
+    if as_json:
+        sys.stdout.write(manifest.model_dump_json(indent=2) + "\n")
+        return
     facts = read_program(bundle_dir / manifest.program)
-    console.print_json(manifest.model_dump_json())
-    console.print(f"[bold green]all {len(manifest.files)} files match the manifest[/]")
+    console.print(f"{manifest.key.prefix}: all {len(manifest.files)} files match the manifest")
+    console.print(f"compat {manifest.compat}; built {manifest.created_at:%Y-%m-%d %H:%M}Z by {manifest.builder}")
+    fractions = manifest.validation.delegated_fraction
     for name, method in facts.items():
-        console.print(f"  {name}: delegates {method.delegates}, {method.kernel_calls} portable kernel calls")
+        fraction = fractions.get(name)
+        share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""
+        console.print(f"  {name}: delegates {count_names(method.delegates)}{share}; "
+                      f"{method.kernel_calls} portable kernel calls")
+    verdict = "passed" if manifest.validation.passed else "[red]FAILED[/]"
+    console.print(f"validation {verdict}: {manifest.validation.cases} cases; worst: "
+                  f"{escape(manifest.validation.worst or '-')}")
 
 
 @app.command()
@@ -208,9 +373,10 @@ def verify(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with
 @handle_errors
 def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show what this machine can build: versions, CUDA channel, GPUs, OS and arch."""
-    from prefect_executorch.toolchain import probe as run_probe
+    from prefect_executorch.toolchain import probe_isolated
 
-    toolchain = run_probe()
+    _start_children()
+    toolchain = probe_isolated()  # in a child: torch's import-time notes stay in its log
     if as_json:
         sys.stdout.write(toolchain.model_dump_json(indent=2) + "\n")
         return
@@ -235,7 +401,7 @@ def _open(store: str, endpoint_url: Optional[str]) -> Any:
 @app.command()
 @handle_errors
 def pull(
-    name: str = typer.Argument(..., help="Model name."),
+    name: str = typer.Argument(..., metavar="NAME", help="Model name."),
     to: Path = typer.Option(..., "--to", help="New directory to create with the verified bundle."),
     version: Optional[str] = typer.Option(None, "--version", help="Version to pull."),
     alias: Optional[str] = typer.Option(None, "--alias", help="Alias to pull (prod, staging...)."),
@@ -264,8 +430,8 @@ def pull(
 @app.command()
 @handle_errors
 def promote(
-    name: str = typer.Argument(..., help="Model name."),
-    version: str = typer.Argument(..., help="Version to promote."),
+    name: str = typer.Argument(..., metavar="NAME", help="Model name."),
+    version: str = typer.Argument(..., metavar="VERSION", help="Version to promote."),
     alias: str = typer.Option(..., "--alias", help="Alias to move (prod, staging...)."),
     target: Optional[str] = typer.Option(None, "--target", help="Bundle target, if the version has several."),
     compat: Optional[str] = typer.Option(None, "--compat", help="Bundle compat key, if the version has several."),
@@ -288,15 +454,24 @@ def promote(
 @app.command("ls")
 @handle_errors
 def ls_command(
-    name: str = typer.Argument(..., help="Model name."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME", help="Model name (default: list the store's models)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
-    """List a model's versions, targets, compat keys and aliases."""
-    from prefect_executorch.artifacts.catalog import ls
+    """List a model's versions, targets, compat keys and aliases; without NAME, the store's models."""
+    from prefect_executorch.artifacts.catalog import ls, models, require_model
 
-    listing = ls(_open(store, endpoint_url), name)
+    opened = _open(store, endpoint_url)
+    if name is None:
+        names = models(opened)
+        if as_json:
+            sys.stdout.write(json.dumps({"store": opened.url, "models": names}, indent=2) + "\n")
+            return
+        console.print("\n".join(names) if names else f"no published models in {opened.url}")
+        return
+    require_model(opened, name)
+    listing = ls(opened, name)
     if as_json:
         sys.stdout.write(listing.model_dump_json(indent=2) + "\n")
         return
@@ -316,7 +491,7 @@ def ls_command(
 @app.command("gc")
 @handle_errors
 def gc_command(
-    name: Optional[str] = typer.Argument(None, help="Only this model (default: the whole store)."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME", help="Only this model (default: the whole store)."),
     apply: bool = typer.Option(False, "--apply", help="Remove what was found (default: dry run)."),
     grace_hours: float = typer.Option(24.0, "--grace-hours", min=0, help="Leave anything younger than this."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
@@ -332,7 +507,12 @@ def gc_command(
     # click's min=0 lets nan through (no comparison with nan is true), and timedelta overflows past ~10^10 h.
     if not math.isfinite(grace_hours) or grace_hours > 24 * 366 * 100:
         raise SpecError(f"--grace-hours: expected a number of hours in [0, {24 * 366 * 100}], got {grace_hours}")
-    report = gc(_open(store, endpoint_url), name, grace=timedelta(hours=grace_hours), apply=apply)
+    opened = _open(store, endpoint_url)
+    if name is not None:
+        from prefect_executorch.artifacts.catalog import require_model
+
+        require_model(opened, name)
+    report = gc(opened, name, grace=timedelta(hours=grace_hours), apply=apply)
     verb = "removed" if apply else "would remove"
     for info in report.orphans:
         console.print(f"{verb} {info.key} ({info.size} bytes, {info.last_modified:%Y-%m-%d %H:%M}Z)")
@@ -413,7 +593,7 @@ def worker(
 @app.command()
 @handle_errors
 def retrain(
-    name: str = typer.Argument(..., help="Model name (the spec's name in its retrain deployment)."),
+    name: str = typer.Argument(..., metavar="NAME", help="Model name (the spec's name in its retrain deployment)."),
     weights: str = typer.Option(..., "--weights", help="New state dict: s3://bucket/key or a path the workers can read."),
     sha256: Optional[str] = typer.Option(None, "--sha256", help="Expected sha256 of the weights (default: computed from a local file)."),
     version: Optional[str] = typer.Option(None, "--version", help="Version to publish (default: <spec version>-<sha256[:12]>)."),

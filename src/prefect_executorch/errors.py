@@ -22,6 +22,12 @@ class ToolchainMismatch(PrefectExecutorchError):
     exit_code = 2
 
 
+class MissingMainGuard(PrefectExecutorchError):
+    """A script starts child processes at import time: each child would run the script again."""
+
+    exit_code = 2
+
+
 class ExportFailed(PrefectExecutorchError):
     """Exporting the model to an ExecuTorch program failed."""
 
@@ -41,6 +47,12 @@ class ValidationFailed(PrefectExecutorchError):
 
 class BundleConflict(PrefectExecutorchError):
     """A bundle (or alias) already exists where a new one was to be written."""
+
+
+class DestinationExists(BundleConflict):
+    """A directory to create (``pull --to``) is already there: a usage error, nothing was written."""
+
+    exit_code = 2
 
 
 class BundleNotFound(PrefectExecutorchError):

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import ChildProcessFailed, ExportFailed
+from prefect_executorch.exportstages import check_kernels, run_eager, run_lowering, run_torch_export
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.program import MethodFacts, read_program
@@ -71,25 +72,23 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
         for name, method in spec.methods.items():
             module = modules[name]
             args = example_inputs(method, seed=spec.validation.seed)
-            try:
-                programs[name] = target.export_method(module, args, dynamic_shapes(method), spec)
-            except Exception as exc:  # torch.export raises many types; all mean the same to the user
-                shapes = ", ".join(f"{i.name}: {i.dtype} {i.shape}" for i in method.inputs)
-                raise ExportFailed(
-                    f"torch.export of method {name!r} with inputs ({shapes}) failed: {type(exc).__name__}: {exc}\n"
-                    f"check that methods.{name}.inputs (shapes, dtypes, dynamic dims) match what the model takes"
-                ) from exc
-        delegation = target.lower(programs, spec, out_dir)
+            outputs = run_eager(module, args, name, method)
+            programs[name] = run_torch_export(
+                lambda: target.export_method(module, args, dynamic_shapes(method), spec),  # noqa: B023 - called at once
+                outputs, name, method)
+        delegation = run_lowering(lambda: target.lower(programs, spec, out_dir), target.name)
     pte = out_dir / PROGRAM_FILE
     if not pte.is_file():
         raise ExportFailed(f"target {target.name!r} wrote no {PROGRAM_FILE} into {out_dir}")
     data_files = sorted(p.name for p in out_dir.glob("*.ptd"))
     if spec.external_weights and not data_files:
         raise ExportFailed("external_weights is set but the export wrote no .ptd file")
+    methods = read_program(pte)
+    check_kernels(methods, target.runtime_operators(), target.name)
     return ExportedProgramDir(
         out_dir=str(out_dir),
         data_files=data_files,
-        methods=read_program(pte),
+        methods=methods,
         delegation=delegation or {},
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,
         seconds=time.monotonic() - started,

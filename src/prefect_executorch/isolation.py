@@ -61,11 +61,50 @@ def _context() -> Any:
     return context
 
 
-def warm_up() -> None:
-    """Start the forkserver now so its imports overlap with the caller's own start-up."""
-    if os.environ.get(START_METHOD_ENV, "forkserver") == "forkserver":
-        _context()
+def check_main_guard() -> None:
+    """Refuse to start children from a script without ``if __name__ == "__main__":``.
+
+    forkserver and spawn children import the main script again (as ``__mp_main__``) before they
+    run anything; unguarded, that import would build again and the child would die with no output.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or getattr(main, "__spec__", None) is not None or not path or not str(path).endswith(".py"):
+        return  # `python -m`, an entry point's guarded stub, or an interactive session
+    try:
+        source = Path(path).read_text(errors="replace")
+    except OSError:
+        return
+    if "__main__" not in source:
+        raise errors.MissingMainGuard(
+            f"{path} calls prefect-executorch at import time; its export and validation run in child processes that "
+            "import the script again, so put the script's work under `if __name__ == \"__main__\":`"
+        )
+
+
+def warm_up(quiet: bool = False) -> None:
+    """Start the forkserver now so its imports overlap with the caller's own start-up.
+
+    ``quiet`` sends the forkserver's own stderr to /dev/null: its imports print C-level notes
+    (cpuinfo, optional kernels) that a terminal user cannot act on; each child logs to its own file anyway.
+    """
+    if os.environ.get(START_METHOD_ENV, "forkserver") != "forkserver":
+        return
+    check_main_guard()
+    _context()
+    if not quiet:
         multiprocessing.forkserver.ensure_running()
+        return
+    # The forkserver inherits fd 2 when it is spawned, so point fd 2 elsewhere for that moment only.
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 class MemoryLimit(BaseModel):
@@ -117,6 +156,7 @@ def run_isolated(
     """Run ``command`` on ``request`` in a child process and return its typed result."""
     address_space = memory_limit.mib if memory_limit and memory_limit.kind == "address_space" else None
     what = what or command
+    check_main_guard()
     scratch_dir.mkdir(parents=True, exist_ok=True)
     ipc = Path(tempfile.mkdtemp(prefix=f".{command}-", dir=scratch_dir))
     try:
@@ -173,7 +213,8 @@ def run_isolated(
         if isinstance(error_type, type) and issubclass(error_type, errors.PrefectExecutorchError):
             if error_type is errors.ChildProcessFailed:
                 raise errors.ChildProcessFailed(response["message"], stderr_tail=stderr_tail)
-            raise error_type(response["message"])
+            detail = f"\n--- child stderr (tail) ---\n{stderr_tail}" if response.get("traceback") else ""
+            raise error_type(response["message"] + detail)
         raise errors.ChildProcessFailed(
             f"{what} failed in the child process: {response['message']}", stderr_tail=stderr_tail
         )
@@ -254,7 +295,10 @@ def _child_main(
         result = _resolve(command)(request)
         response: dict[str, Any] = {"result": result.model_dump(mode="json")}
     except errors.PrefectExecutorchError as exc:
-        response = {"error": type(exc).__name__, "message": str(exc)}
+        # A typed error raised over a library's exception: that exception's traceback is the cause.
+        response = {"error": type(exc).__name__, "message": str(exc), "traceback": exc.__cause__ is not None}
+        if exc.__cause__ is not None:
+            traceback.print_exception(exc.__cause__)
     except MemoryError:
         response = {"error": "ChildProcessFailed", "message": f"{command} ran out of memory{_limit_note(memory_limit_mib)}"}
     except Exception as exc:  # noqa: BLE001 - everything else is reported with its traceback

@@ -55,6 +55,10 @@ class Target(ABC):
         else None (the manifest then says the delegated fraction is unknown).
         """
 
+    def runtime_operators(self) -> set[str] | None:
+        """Operators the target's runtime has kernels for (None: cannot tell without loading a program)."""
+        return None
+
     def runtime_setup(self) -> None:
         """Import what the validating process needs before it loads a program."""
 

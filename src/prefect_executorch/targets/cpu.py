@@ -49,6 +49,11 @@ class CpuTarget(Target):
     def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
         return cpu_compat(self.name, toolchain.arch, quantization=compat_tag(spec.quantization))
 
+    def runtime_operators(self) -> set[str] | None:
+        from executorch.extension.pybindings.portable_lib import _get_operator_names
+
+        return set(_get_operator_names())
+
 
 class PortableTarget(CpuTarget):
     """ExecuTorch's portable kernels, no delegate."""

@@ -1,0 +1,129 @@
+"""Export stage by stage, each failure an ``ExportFailed`` that names its stage and the real cause.
+
+Stages: the eager run on the generated inputs, ``torch.export`` (input problems told from output
+problems), lowering (to_edge, decompositions, partitioning, serialization), and the runtime check
+that every operator left to ExecuTorch's kernels has a kernel in the target's runtime.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+from prefect_executorch.errors import ExportFailed
+from prefect_executorch.spec import FLOAT_DTYPES, MethodSpec
+
+if TYPE_CHECKING:
+    from prefect_executorch.program import MethodFacts
+
+T = TypeVar("T")
+#: How much of a library's exception text goes into the one-message summary (all of it is in the child's log).
+SUMMARY_CHARS = 400
+#: Words in torch.export's errors about the inputs' shapes, dtypes or dynamic dims.
+_INPUT_WORDS = ("dynamic_shapes", "constraint", "Constraints violated", "specialized", "Dim(", "guard", "input")
+
+
+def summary(exc: BaseException) -> str:
+    """``Type: first line`` of an exception, cut short: the whole text is in the child's log (isolation.py)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if len(text) > SUMMARY_CHARS:
+        text = text[:SUMMARY_CHARS] + "..."
+    return f"{type(exc).__name__}: {text}"
+
+
+def describe_inputs(method: MethodSpec) -> str:
+    """``x: float32 [2, 3]; ids: int64 [1, 8] in [0, 10)``: the inputs as generated."""
+    parts = []
+    for spec in method.inputs:
+        text = f"{spec.name}: {spec.dtype} {spec.shape}"
+        if spec.dtype not in FLOAT_DTYPES and spec.dtype != "bool":
+            low = int(spec.low if spec.low is not None else 0)
+            high = int(spec.high if spec.high is not None else 10)
+            text += f" in [{low}, {high})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def _has_int_inputs(method: MethodSpec) -> bool:
+    return any(spec.dtype not in FLOAT_DTYPES and spec.dtype != "bool" for spec in method.inputs)
+
+
+def run_eager(module: Any, args: tuple[Any, ...], name: str, method: MethodSpec) -> Any:
+    """Run the eager method once on the generated inputs; a failure there is the inputs' or the model's, not the export's."""
+    try:
+        return module(*args)
+    except Exception as exc:  # any model code can raise anything
+        ints = (
+            f"integer inputs are drawn from [low, high), default [0, 10): set methods.{name}.inputs[].low/high to "
+            "what the model accepts (for token ids, high = the vocabulary size); " if _has_int_inputs(method) else ""
+        )
+        raise ExportFailed(
+            f"stage eager run: method {name!r} with inputs ({describe_inputs(method)}) fails in eager PyTorch on the "
+            f"generated inputs: {summary(exc)}\n{ints}check that methods.{name}.inputs (shapes, dtypes) match what "
+            "the model takes"
+        ) from exc
+
+
+def _odd_outputs(outputs: Any) -> list[str]:
+    """Type names of output leaves that are not tensors or plain scalars (a ``DynamicCache``, a dataclass...)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    leaves, _ = tree_flatten(outputs)
+    return sorted({type(leaf).__name__ for leaf in leaves
+                   if not isinstance(leaf, (torch.Tensor, int, float, bool, type(None)))})
+
+
+def run_torch_export(export: Callable[[], T], eager_outputs: Any, name: str, method: MethodSpec) -> T:
+    """``torch.export`` one method; a failure is blamed on the outputs, the inputs, or the model's code."""
+    try:
+        return export()
+    except Exception as exc:  # torch.export raises many types
+        odd = _odd_outputs(eager_outputs)
+        if odd:
+            raise ExportFailed(
+                f"stage torch.export (outputs): method {name!r} returns {', '.join(odd)}, which a program cannot "
+                f"return ({summary(exc)})\nreturn tensors only: e.g. use_cache=False / return_dict=False, or wrap "
+                "the model in a module whose forward returns the tensors you need"
+            ) from exc
+        text = str(exc)
+        if any(word in text for word in _INPUT_WORDS):
+            raise ExportFailed(
+                f"stage torch.export (inputs): method {name!r} with inputs ({describe_inputs(method)}) failed: "
+                f"{summary(exc)}\ncheck that methods.{name}.inputs (shapes, dtypes, dynamic dims and their min/max) "
+                "match what the model takes"
+            ) from exc
+        raise ExportFailed(
+            f"stage torch.export (tracing): method {name!r} with inputs ({describe_inputs(method)}) failed: "
+            f"{summary(exc)}\nthe model's code is not traceable as written; check that methods.{name}.inputs "
+            "match what the model takes, and see the torch.export docs for the construct named"
+        ) from exc
+
+
+def run_lowering(lower: Callable[[], T], target: str) -> T:
+    """Lower the exported methods for ``target``; a failure names the lowering stage and the target."""
+    try:
+        return lower()
+    except ExportFailed:
+        raise
+    except Exception as exc:  # edge conversion, decompositions and partitioners raise many types
+        raise ExportFailed(
+            f"stage lowering for target {target!r} (to_edge, decompositions, partitioning, serialization) failed: "
+            f"{summary(exc)}\ntorch.export succeeded; an operator or pattern is not supported by this target's "
+            "lowering: try target 'portable', or rewrite the construct named"
+        ) from exc
+
+
+def check_kernels(methods: dict[str, MethodFacts], runtime_operators: set[str] | None, target: str) -> None:
+    """Refuse a program that calls an operator the target's runtime has no kernel for."""
+    if runtime_operators is None:
+        return
+    missing = {name: sorted({op for op in facts.operators if op not in runtime_operators})
+               for name, facts in methods.items()}
+    missing = {name: ops for name, ops in missing.items() if ops}
+    if missing:
+        listed = "; ".join(f"{name}: {', '.join(ops)}" for name, ops in missing.items())
+        raise ExportFailed(
+            f"stage runtime check: the program calls operators that the {target!r} runtime has no kernel for "
+            f"({listed}); the program would fail to load (OperatorMissing)\nrewrite the model to avoid them, or "
+            "build an ExecuTorch runtime with those kernels"
+        )

@@ -1,0 +1,140 @@
+"""The CLI as a user meets it: summaries, cache hits, refusals before export, consistent commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import CLI_NOISE, spec_data
+
+CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+MLP = {"methods": {"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}}, "target": "portable"}
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The real CLI in a subprocess, with the store under ``cwd``."""
+    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def write_spec(path: Path, factory: str = "mlp", **overrides: Any) -> Path:
+    """A JSON spec of a tests/models.py factory."""
+    path.write_text(json.dumps(spec_data(factory, **{**MLP, **overrides})))
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A work directory whose store holds mlp 1 (portable), built once through the CLI."""
+    work = tmp_path_factory.mktemp("cli")
+    result = run_cli("build", str(write_spec(work / "spec.json")), cwd=work)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "fresh build: mlp/1/portable/" in result.stdout
+    assert "stages: probe" in result.stdout and "export" in result.stdout and "publish" in result.stdout
+    assert not [word for word in CLI_NOISE if word in result.stdout + result.stderr], result.stderr
+    return work
+
+
+def test_unchanged_rebuild_says_cache_hit_and_exports_nothing(built: Path) -> None:
+    result = run_cli("build", str(built / "spec.json"), "--output", str(built / "out-hit"), cwd=built)
+    assert result.returncode == 0, result.stderr
+    assert "cache hit (unchanged rebuild, nothing exported): mlp/1/portable/" in result.stdout
+    assert "compat cpu-portable-" in result.stdout
+    assert not (built / "out-hit").exists()  # no export directory was even made
+
+
+def test_changed_build_of_a_published_version_is_refused_before_export(built: Path) -> None:
+    changed = write_spec(built / "changed.json", validation={"samples": 2})
+    result = run_cli("build", str(changed), "--output", str(built / "out-changed"), cwd=built)
+    assert result.returncode == 1
+    assert "BundleConflict: mlp/1/portable/" in result.stderr
+    assert "by a different build (the spec differs); nothing was exported" in result.stderr
+    assert not (built / "out-changed").exists()
+
+
+def test_ls_without_a_name_lists_models_and_unknown_models_exit_1(built: Path) -> None:
+    listed = run_cli("ls", "--json", cwd=built)
+    assert listed.returncode == 0 and json.loads(listed.stdout)["models"] == ["mlp"]
+    for command in (["ls", "nosuch"], ["gc", "nosuch"]):
+        result = run_cli(*command, cwd=built)
+        assert result.returncode == 1, command
+        assert "BundleNotFound: no model nosuch in" in result.stderr and "models there: mlp" in result.stderr
+
+
+def test_pull_into_an_existing_folder_is_a_usage_error(built: Path) -> None:
+    (built / "taken").mkdir(exist_ok=True)
+    result = run_cli("pull", "mlp", "--version", "1", "--to", str(built / "taken"), cwd=built)
+    assert result.returncode == 2
+    assert result.stderr.startswith("DestinationExists: destination") and "already exists" in result.stderr
+
+
+def test_promote_to_a_missing_version_lists_the_versions(built: Path) -> None:
+    result = run_cli("promote", "mlp", "9", "--alias", "prod", cwd=built)
+    assert result.returncode == 1
+    assert "no bundle of mlp version 9" in result.stderr and "versions of mlp there: 1" in result.stderr
+
+
+def test_inspect_summarizes_and_validate_accepts_the_pulled_folder(built: Path) -> None:
+    pulled = built / "pulled"
+    assert run_cli("pull", "mlp", "--version", "1", "--to", str(pulled), cwd=built).returncode == 0
+    summary = run_cli("inspect", str(pulled), cwd=built)
+    assert summary.returncode == 0, summary.stderr
+    assert "mlp/1/portable/" in summary.stdout and "files match the manifest" in summary.stdout
+    assert "forward: delegates none" in summary.stdout and "validation passed" in summary.stdout
+    raw = run_cli("inspect", str(pulled), "--json", cwd=built)
+    assert json.loads(raw.stdout)["name"] == "mlp"
+    validated = run_cli("validate", str(built / "spec.json"), str(pulled), cwd=built)
+    assert validated.returncode == 0, validated.stderr
+    assert "validation passed" in validated.stdout
+
+
+def test_help_is_whole_and_imports_neither_torch_nor_prefect(tmp_path: Path) -> None:
+    result = subprocess.run([*CLI[:1], "-X", "importtime", *CLI[1:], "--help"], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=60)
+    assert result.returncode == 0
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time")}
+    assert not {name for name in imported if name.split(".")[0] in ("torch", "prefect", "executorch")}
+    commands = result.stdout.split("Commands:")[1].splitlines()
+    assert len(commands) > 5 and not [line for line in commands if line.rstrip().endswith("...")]  # piped: never cut
+    assert "<bool>" not in run_cli("ls", "--help", cwd=tmp_path).stdout
+
+
+BERT = {"methods": {"forward": {"inputs": [
+    {"name": "input_ids", "dtype": "int64", "shape": [1, 8], "high": 64,
+     "dynamic": {1: {"min": 2, "max": 16, "name": "seq"}}}]}}, "target": "xnnpack"}
+
+
+def test_a_transformers_bert_from_a_config_builds_through_the_cli(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    result = run_cli("build", str(write_spec(tmp_path / "bert.json", "tiny_bert", **BERT)), cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "fresh build: tiny-bert/1/xnnpack/" in result.stdout and "XnnpackBackend ×" in result.stdout
+
+
+def test_ids_outside_the_vocabulary_are_blamed_on_the_inputs_range(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    spec = json.loads(json.dumps(BERT))
+    spec["methods"]["forward"]["inputs"][0]["high"] = 1000
+    result = run_cli("build", str(write_spec(tmp_path / "bert.json", "tiny_bert", **spec)), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "ExportFailed: stage eager run: method 'forward' with inputs (input_ids: int64 [1, 8] in [0, 1000))" \
+        in result.stderr
+    assert "IndexError" in result.stderr and "set methods.forward.inputs[].low/high" in result.stderr
+
+
+def test_gc_apply_leaves_no_empty_folders(tmp_path: Path) -> None:
+    from prefect_executorch.artifacts.store import LocalStore
+
+    store = LocalStore(tmp_path / "store")
+    store.put_bytes("lost/1/portable/cpu-portable-x86_64/model.pte", b"an upload whose manifest never came")
+    store.put_bytes("kept/1/portable/cpu-portable-x86_64/manifest.json", b"{}")
+    result = run_cli("gc", "--apply", "--grace-hours", "0", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "removed lost/1/portable/cpu-portable-x86_64/model.pte" in result.stdout
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["kept"]  # no empty lost/1/portable/...

@@ -1,0 +1,33 @@
+"""Export failures name their stage and the real cause (real exports in child processes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from prefect_executorch.errors import ExportFailed
+from prefect_executorch.exporter import export_program
+
+
+def test_an_operator_without_a_kernel_is_named_at_export(make_spec, tmp_path: Path) -> None:
+    spec = make_spec("sorts", methods={"forward": {"inputs": [{"name": "x", "shape": [2, 8]}]}}, target="portable")
+    with pytest.raises(ExportFailed, match=r"stage runtime check: .*'portable' runtime has no kernel for "
+                                           r"\(forward: aten::sort\.values\)"):
+        export_program(spec, tmp_path / "out")
+    assert not any((tmp_path / "out").iterdir())  # the failed export left nothing behind
+
+
+def test_a_cache_object_in_the_outputs_is_blamed_on_the_outputs(make_spec, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    spec = make_spec("returns_cache", methods={"forward": {"inputs": [{"name": "x", "shape": [1, 2, 4, 8]}]}})
+    with pytest.raises(ExportFailed, match=r"stage torch\.export \(outputs\): method 'forward' returns DynamicCache, "
+                                           r"which a program cannot return .*\nreturn tensors only"):
+        export_program(spec, tmp_path / "out")
+
+
+def test_a_shape_the_model_cannot_take_fails_in_the_eager_stage(make_spec, tmp_path: Path) -> None:
+    spec = make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [2, 7]}]}})
+    with pytest.raises(ExportFailed, match=r"stage eager run: method 'forward' with inputs \(x: float32 \[2, 7\]\) "
+                                           r"fails in eager PyTorch .*RuntimeError: mat1 and mat2 shapes"):
+        export_program(spec, tmp_path / "out")
