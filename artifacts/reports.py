@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from prefect_executorch.report import ValidationReport
+
+if TYPE_CHECKING:
+    from prefect_executorch.artifacts.aliases import AliasRecord
 
 
 def artifact_key(*parts: str) -> str:
@@ -64,4 +67,20 @@ def publish_validation_artifacts(title: str, report: ValidationReport) -> None:
         key=artifact_key("validation-table", title),
         table=[row.model_dump() for row in report.shape_rows()],
         description=f"Validation of {title}: worst error per method x shape",
+    )
+
+
+def publish_promotion_artifact(title: str, record: AliasRecord) -> None:
+    """Attach the side-by-side comparison of a promotion (one row per method) to the current Prefect run."""
+    from prefect.artifacts import create_table_artifact
+
+    if record.comparison is None:
+        return
+    previous = record.previous
+    was = f"{previous.version} {previous.target}/{previous.compat}" if previous else "nothing"
+    forced = f"; FORCED by {record.moved_by} over: {'; '.join(record.overridden)}" if record.forced else ""
+    create_table_artifact(
+        key=artifact_key("promotion", title),
+        table=[row.model_dump() for row in record.comparison.rows()],
+        description=f"{record.alias}: {record.version} {record.target}/{record.compat} beside {was}{forced}",
     )

@@ -6,6 +6,8 @@ from prefect import flow
 from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.aliases import AliasRecord
+from prefect_executorch.artifacts.promotion import MAX_LATENCY_REGRESSION
+from prefect_executorch.spec import ValidationSpec
 from prefect_executorch.tasks.promote import promote_alias
 
 
@@ -18,6 +20,13 @@ def promote(
     target: str | None = None,
     compat: str | None = None,
     force: bool = False,
+    max_latency_regression: float = MAX_LATENCY_REGRESSION,
+    validation: ValidationSpec | None = None,
 ) -> AliasRecord:
-    """Point ``alias`` of ``name`` at ``version`` (one bundle, narrowed by ``target``/``compat``) in ``store``."""
-    return promote_alias(store, name, version, alias, target=target, compat=compat, force=force)
+    """Point ``alias`` of ``name`` at ``version`` (one bundle, narrowed by ``target``/``compat``) in ``store``.
+
+    A bundle that disagrees with, or is more than ``max_latency_regression`` slower than, the alias's
+    bundle (compared at ``validation``'s tolerances) is refused unless ``force``.
+    """
+    return promote_alias(store, name, version, alias, target=target, compat=compat, force=force,
+                         max_latency_regression=max_latency_regression, validation=validation)

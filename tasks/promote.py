@@ -1,13 +1,18 @@
-"""Move an alias to a validated bundle with compare-and-swap."""
+"""Move an alias to a validated bundle that agrees with, and is no slower than, what the alias serves now."""
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.artifacts.aliases import AliasRecord, promote
+from prefect_executorch.artifacts.aliases import AliasRecord
+from prefect_executorch.artifacts.promotion import MAX_LATENCY_REGRESSION, promote_checked
+from prefect_executorch.artifacts.reports import publish_promotion_artifact
 from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.spec import ValidationSpec
 
 if TYPE_CHECKING:
     from prefect.blocks.core import Block
@@ -23,12 +28,17 @@ def promote_alias(
     compat: str | None = None,
     force: bool = False,
     expect_version: str | None = None,
+    max_latency_regression: float = MAX_LATENCY_REGRESSION,
+    validation: ValidationSpec | None = None,
 ) -> AliasRecord:
-    """Point ``alias`` at ``name`` ``version``; a lost race or an unvalidated bundle fails the task."""
-    record = promote(open_store(store), name, version, alias, target=target, compat=compat, force=force,
-                     expect_version=expect_version)
+    """Point ``alias`` at ``name`` ``version``; a lost race, an unvalidated bundle or a failed side-by-side fails it."""
+    with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as scratch:
+        record = promote_checked(open_store(store), name, version, alias, target=target, compat=compat, force=force,
+                                 max_latency_regression=max_latency_regression, validation=validation,
+                                 scratch_dir=Path(scratch), expect_version=expect_version)
     logger = get_run_logger()
     logger.info("%s%s", record.describe(), f" (was {record.previous.version})" if record.previous else "")
+    publish_promotion_artifact(f"{name}-{version}-to-{alias}", record)
     if record.forced:
-        logger.warning("alias %s was forced onto %s %s although its validation did not pass", alias, name, version)
+        logger.warning("alias %s was forced onto %s %s over: %s", alias, name, version, "; ".join(record.overridden))
     return record

@@ -251,20 +251,31 @@ def promote(
     alias: str = typer.Option(..., "--alias", help="Alias to move (prod, staging...)."),
     target: Optional[str] = typer.Option(None, "--target", help="Bundle target, if the version has several."),
     compat: Optional[str] = typer.Option(None, "--compat", help="Bundle compat key, if the version has several."),
-    force: bool = typer.Option(False, "--force", help="Promote although validation failed (recorded in the alias)."),
+    force: bool = typer.Option(
+        False, "--force", help="Promote over a failed validation or side-by-side gate (recorded in the alias)."),
     expect_version: Optional[str] = typer.Option(
         None, "--expect-version", help="Only move the alias if it points at this version now."),
+    max_latency_regression: float = typer.Option(
+        0.10, "--max-latency-regression", help="Refuse a candidate whose p50 is this much slower than the alias's (0.1: 10%)."),
+    spec_file: Optional[Path] = typer.Option(
+        None, "--spec", help="Spec whose validation tolerances and latency settings the side-by-side uses."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
-    """Point an alias at a validated bundle (compare-and-swap; a concurrent move makes this fail)."""
-    from prefect_executorch.artifacts.aliases import promote as promote_alias
+    """Point an alias at a validated bundle that agrees with and is no slower than the alias's (compare-and-swap)."""
+    from prefect_executorch.artifacts.promotion import promote_checked
+    from prefect_executorch.spec import load_spec
 
-    record = promote_alias(_open(store, endpoint_url), name, version, alias, target=target, compat=compat,
-                           force=force, expect_version=expect_version)
+    record = promote_checked(_open(store, endpoint_url), name, version, alias, target=target, compat=compat,
+                             force=force, expect_version=expect_version, max_latency_regression=max_latency_regression,
+                             validation=load_spec(spec_file).validation if spec_file else None)
+    if record.comparison is not None:
+        console.print(_rows_table(f"{alias}: {version} beside the bundle it held", record.comparison.rows()))
     before = record.previous
     was = f" (was {before.version} {before.target}/{before.compat})" if before else ""
     console.print(f"[bold green]promoted[/] {record.describe()}{was}")
+    for line in record.overridden:
+        console.print(f"[yellow]forced over:[/] {escape(line)}")
 
 
 @app.command("ls")

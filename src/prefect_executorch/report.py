@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from prefect_executorch.delegation import DelegationFacts
+from prefect_executorch.latency import LatencyStats
 
 
 class OutputComparison(BaseModel):
@@ -65,6 +66,9 @@ class LatencyResult(BaseModel):
     program_median_ms: float
     program_p90_ms: float
     ratio: float = Field(description="Program median / eager median.")
+    stable: bool = Field(default=True, description="Whether both figures settled before the time cap.")
+    eager: LatencyStats | None = Field(default=None, description="Eager's windows and percentiles.")
+    program: LatencyStats | None = Field(default=None, description="The program's windows and percentiles.")
 
 
 class GateResult(BaseModel):

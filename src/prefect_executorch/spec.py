@@ -222,7 +222,8 @@ class ValidationSpec(StrictModel):
     )
     samples: int = Field(default=2, ge=1, le=1000, description="Seeded random input draws per shape.")
     seed: int = 0
-    latency_runs: int = Field(default=5, ge=0, le=100_000, description="Timed warm runs of eager and program per method.")
+    latency_runs: int = Field(default=5, ge=0, le=100_000, description="Timed warm runs per latency window (at least); 0: no timing.")
+    latency_max_s: float = Field(default=5, gt=0, le=3600, description="Time cap of the latency windows of one method (they stop earlier once stable).")
     latency_warmup: int = Field(default=2, ge=0, le=1000, description="Untimed runs before the timed ones.")
     max_latency_ratio: float | None = Field(default=None, gt=0, description="Gate: program median latency / eager median latency must not exceed this."
     )
