@@ -22,7 +22,7 @@ from prefect_executorch.errors import PromotionRefused, SpecError
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
 from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import parse_spec
+from prefect_executorch.spec import ValidationSpec, parse_spec
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 MLP = {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}
@@ -77,7 +77,7 @@ def test_a_slower_candidate_cannot_take_the_alias_without_force_and_the_force_is
     assert len(record.overridden) == 1 and record.overridden[0].startswith("latency regression over prod: forward")
     assert record.comparison is not None
     (method,) = record.comparison.methods
-    assert method.disagreeing == 0 and method.cases == 1  # same outputs: only the latency was overridden
+    assert method.disagreeing == 0 and method.cases == ValidationSpec().samples  # same outputs: only latency overridden
     assert method.regression is not None and method.regression > 0.10
     history = alias_history(store, "mlp", "prod")
     assert [h.version for h in history] == ["1", "2"]
@@ -93,7 +93,7 @@ def test_a_looser_regression_limit_lets_the_slower_candidate_through(builds: Bui
 
 def test_disagreeing_outputs_are_refused_whatever_the_latency(builds: Builds) -> None:
     promote_checked(builds.store, "mlp", "1", "other")
-    with pytest.raises(PromotionRefused, match=r"outputs disagree with other: forward: 1 of 1 inputs disagree; "
+    with pytest.raises(PromotionRefused, match=r"outputs disagree with other: forward: 2 of 2 inputs disagree; "
                                                r"output \[0\] at static .* beyond atol="):
         promote_checked(builds.store, "mlp", "3", "other", max_latency_regression=1000)
     with pytest.raises(SpecError, match="must be >= 0"):
