@@ -10,9 +10,11 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey
 from prefect_executorch.artifacts.registry import BundleRef
 from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.placement import needs_cuda
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.tasks.cache import BuildCachePolicy
+from prefect_executorch.tasks.events import VALIDATION_FAILED, emit_bundle_event
 from prefect_executorch.tasks.export import export_model
 from prefect_executorch.tasks.gpu import gpu_slot
 from prefect_executorch.tasks.publish import publish_bundle
@@ -44,5 +46,10 @@ def build_and_publish(
         if slot:
             get_run_logger().info("holding GPU slot %s", slot)
         export = export_model(spec, output_root)
-        report = validate_export(spec, export, output_root)
+        try:
+            report = validate_export(spec, export, output_root)
+        except ValidationFailed as exc:
+            emit_bundle_event(VALIDATION_FAILED, bundle_key(spec, compat), open_store(store).url,
+                              payload={"error": str(exc).splitlines()[0]})
+            raise
     return publish_bundle(spec, toolchain, export, report, store)

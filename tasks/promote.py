@@ -13,6 +13,7 @@ from prefect_executorch.artifacts.promotion import MAX_LATENCY_REGRESSION, promo
 from prefect_executorch.artifacts.reports import publish_promotion_artifact
 from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.spec import ValidationSpec
+from prefect_executorch.tasks.events import PROMOTED, emit_bundle_event
 
 if TYPE_CHECKING:
     from prefect.blocks.core import Block
@@ -32,13 +33,21 @@ def promote_alias(
     validation: ValidationSpec | None = None,
 ) -> AliasRecord:
     """Point ``alias`` at ``name`` ``version``; a lost race, an unvalidated bundle or a failed side-by-side fails it."""
+    opened = open_store(store)
     with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as scratch:
-        record = promote_checked(open_store(store), name, version, alias, target=target, compat=compat, force=force,
+        record = promote_checked(opened, name, version, alias, target=target, compat=compat, force=force,
                                  max_latency_regression=max_latency_regression, validation=validation,
                                  scratch_dir=Path(scratch), expect_version=expect_version)
     logger = get_run_logger()
     logger.info("%s%s", record.describe(), f" (was {record.previous.version})" if record.previous else "")
     publish_promotion_artifact(f"{name}-{version}-to-{alias}", record)
+    emit_bundle_event(
+        PROMOTED, record.bundle_key(), opened.url, record.manifest_sha256,
+        payload={"alias": alias, "moved_by": record.moved_by, "forced": record.forced, "overridden": record.overridden,
+                 "previous": record.previous.model_dump() if record.previous else None},
+        related=[{"prefect.resource.id": f"prefect-executorch.alias.{opened.url}/{name}/{alias}",
+                  "prefect.resource.role": "alias", "prefect.resource.name": alias}],
+    )
     if record.forced:
         logger.warning("alias %s was forced onto %s %s over: %s", alias, name, version, "; ".join(record.overridden))
     return record

@@ -11,6 +11,7 @@ from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
+from prefect_executorch.tasks.events import PUBLISHED, emit_bundle_event
 from prefect_executorch.tasks.retries import retry_transient
 from prefect_executorch.toolchain import Toolchain
 
@@ -26,4 +27,7 @@ def publish_bundle(
     manifest = prepare_bundle(spec, toolchain, export, report)
     ref = publish(open_store(store), export.path, manifest)
     get_run_logger().info("published %s to %s (manifest sha256 %s)", ref.key.prefix, ref.store, ref.manifest_sha256)
+    emit_bundle_event(PUBLISHED, ref.key, ref.store, ref.manifest_sha256, payload={
+        "manifest_key": ref.manifest_key, "validation_passed": manifest.validation.passed,
+        "validation_cases": manifest.validation.cases, "worst": manifest.validation.worst})
     return ref
