@@ -14,7 +14,8 @@ from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.program import MethodFacts
 from prefect_executorch.errors import SpecError
 from prefect_executorch.report import ValidationSummary
-from prefect_executorch.spec import InputSpec, check_name
+from prefect_executorch.lineage import Lineage
+from prefect_executorch.spec import InputSpec, ModelCard, check_name
 from prefect_executorch.toolchain import Toolchain
 
 MANIFEST_FILE = "manifest.json"
@@ -105,6 +106,8 @@ class Manifest(BaseModel):
     spec_sha256: str
     weights_sha256: str | None = None
     validation: ValidationSummary
+    lineage: Lineage | None = Field(default=None, description="Sources, git commit, weights and training run.")
+    card: ModelCard | None = Field(default=None, description="The spec's model card.")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")
 

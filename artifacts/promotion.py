@@ -58,12 +58,17 @@ def promote_checked(
     compat: str | None = None,
     force: bool = False,
     max_latency_regression: float = MAX_LATENCY_REGRESSION,
+    allow_output_change: bool = False,
     validation: ValidationSpec | None = None,
     scratch_dir: Path | None = None,
     expect_version: str | None = None,
     moved_by: str | None = None,
 ) -> AliasRecord:
-    """Move ``alias`` to ``version`` if it agrees with and is no slower than the alias's bundle (or ``force``)."""
+    """Move ``alias`` to ``version`` if it agrees with and is no slower than the alias's bundle (or ``force``).
+
+    ``allow_output_change`` is for new weights, whose outputs differ by design: only latency is gated
+    then, and the comparison is recorded all the same.
+    """
     if max_latency_regression < 0:
         raise SpecError(f"--max-latency-regression must be >= 0 (a fraction: 0.1 is 10%), got "
                                f"{max_latency_regression}")
@@ -75,7 +80,8 @@ def promote_checked(
         with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as default_scratch:
             comparison = compare_bundles(store, current, key, validation=validation or ValidationSpec(),
                                          scratch_dir=scratch_dir or Path(default_scratch))
-        problems = ([f"outputs disagree with {alias}: {line}" for line in comparison.disagreements()]
+        disagreements = [] if allow_output_change else comparison.disagreements()
+        problems = ([f"outputs disagree with {alias}: {line}" for line in disagreements]
                     + [f"latency regression over {alias}: {line}" for line in
                        comparison.regressions(max_latency_regression)])
         if problems and not force:

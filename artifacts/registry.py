@@ -35,6 +35,7 @@ from prefect_executorch.errors import (
 )
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.hashing import sha256_bytes, sha256_file
+from prefect_executorch.lineage import Lineage
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec, check_name
 from prefect_executorch.targets import get_target
@@ -246,7 +247,10 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
     return manifest
 
 
-def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport) -> Manifest:
+def prepare_bundle(
+    spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport,
+    lineage: Lineage | None = None,
+) -> Manifest:
     """Write ``validation.json`` into the export directory and build the bundle's manifest."""
     target = get_target(spec.target_name)
     bundle_dir = export.path
@@ -266,6 +270,8 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
         spec_sha256=spec.sha256(),
         weights_sha256=export.weights_sha256,
         validation=report.summary(),
+        lineage=lineage,
+        card=spec.card,
     )
 
 

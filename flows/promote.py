@@ -21,12 +21,15 @@ def promote(
     compat: str | None = None,
     force: bool = False,
     max_latency_regression: float = MAX_LATENCY_REGRESSION,
+    allow_output_change: bool = False,
     validation: ValidationSpec | None = None,
 ) -> AliasRecord:
     """Point ``alias`` of ``name`` at ``version`` (one bundle, narrowed by ``target``/``compat``) in ``store``.
 
     A bundle that disagrees with, or is more than ``max_latency_regression`` slower than, the alias's
-    bundle (compared at ``validation``'s tolerances) is refused unless ``force``.
+    bundle (compared at ``validation``'s tolerances) is refused unless ``force``; ``allow_output_change``
+    (new weights) gates latency only.
     """
     return promote_alias(store, name, version, alias, target=target, compat=compat, force=force,
-                         max_latency_regression=max_latency_regression, validation=validation)
+                         max_latency_regression=max_latency_regression, allow_output_change=allow_output_change,
+                         validation=validation)

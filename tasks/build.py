@@ -38,7 +38,8 @@ def is_published(spec: BuildSpec, compat: str, store: str | Block) -> bool:
 
 @task(name="build-and-publish", cache_policy=BuildCachePolicy(), persist_result=True)
 def build_and_publish(
-    spec: BuildSpec, toolchain: Toolchain, compat: str, store: str | Block, output_root: Path
+    spec: BuildSpec, toolchain: Toolchain, compat: str, store: str | Block, output_root: Path,
+    weights_uri: str | None = None, training_run: str | None = None,
 ) -> BundleRef:
     """Export, validate and publish; a cache hit returns the published bundle without exporting."""
     # Validation runs the engine too, so it holds the GPU as long as the export does.
@@ -52,4 +53,4 @@ def build_and_publish(
             emit_bundle_event(VALIDATION_FAILED, bundle_key(spec, compat), open_store(store).url,
                               payload={"error": str(exc).splitlines()[0]})
             raise
-    return publish_bundle(spec, toolchain, export, report, store)
+    return publish_bundle(spec, toolchain, export, report, store, weights_uri, training_run)

@@ -30,13 +30,15 @@ def promote_alias(
     force: bool = False,
     expect_version: str | None = None,
     max_latency_regression: float = MAX_LATENCY_REGRESSION,
+    allow_output_change: bool = False,
     validation: ValidationSpec | None = None,
 ) -> AliasRecord:
     """Point ``alias`` at ``name`` ``version``; a lost race, an unvalidated bundle or a failed side-by-side fails it."""
     opened = open_store(store)
     with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as scratch:
         record = promote_checked(opened, name, version, alias, target=target, compat=compat, force=force,
-                                 max_latency_regression=max_latency_regression, validation=validation,
+                                 max_latency_regression=max_latency_regression,
+                                 allow_output_change=allow_output_change, validation=validation,
                                  scratch_dir=Path(scratch), expect_version=expect_version)
     logger = get_run_logger()
     logger.info("%s%s", record.describe(), f" (was {record.previous.version})" if record.previous else "")

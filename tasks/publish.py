@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.registry import BundleRef, prepare_bundle, publish
 from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.exporter import ExportedProgramDir
+from prefect_executorch.lineage import collect_lineage
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.tasks.events import PUBLISHED, emit_bundle_event
@@ -21,10 +22,11 @@ if TYPE_CHECKING:
 
 @task(name="publish", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=retry_transient)
 def publish_bundle(
-    spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport, store: str | Block
+    spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport, store: str | Block,
+    weights_uri: str | None = None, training_run: str | None = None,
 ) -> BundleRef:
-    """Write the manifest for the export and publish the bundle to ``store`` (a URL or an S3Bucket block)."""
-    manifest = prepare_bundle(spec, toolchain, export, report)
+    """Write the manifest (with the build's lineage) and publish the bundle to ``store`` (a URL or an S3Bucket block)."""
+    manifest = prepare_bundle(spec, toolchain, export, report, collect_lineage(spec, weights_uri, training_run))
     ref = publish(open_store(store), export.path, manifest)
     get_run_logger().info("published %s to %s (manifest sha256 %s)", ref.key.prefix, ref.store, ref.manifest_sha256)
     emit_bundle_event(PUBLISHED, ref.key, ref.store, ref.manifest_sha256, payload={

@@ -98,6 +98,10 @@ def test_disagreeing_outputs_are_refused_whatever_the_latency(builds: Builds) ->
         promote_checked(builds.store, "mlp", "3", "other", max_latency_regression=1000)
     with pytest.raises(SpecError, match="must be >= 0"):
         promote_checked(builds.store, "mlp", "3", "other", max_latency_regression=-0.5)
+    # New weights differ by design: only latency is gated, and the disagreement stays on record.
+    record = promote_checked(builds.store, "mlp", "3", "other", allow_output_change=True)
+    assert record.version == "3" and not record.forced and record.comparison is not None
+    assert record.comparison.disagreements()[0].startswith("forward: 2 of 2 inputs disagree")
 
 
 def test_cli_refuses_with_one_message_and_records_force(builds: Builds) -> None:

@@ -257,6 +257,8 @@ def promote(
         None, "--expect-version", help="Only move the alias if it points at this version now."),
     max_latency_regression: float = typer.Option(
         0.10, "--max-latency-regression", help="Refuse a candidate whose p50 is this much slower than the alias's (0.1: 10%)."),
+    allow_output_change: bool = typer.Option(
+        False, "--allow-output-change", help="New weights: gate latency only (the output comparison is still recorded)."),
     spec_file: Optional[Path] = typer.Option(
         None, "--spec", help="Spec whose validation tolerances and latency settings the side-by-side uses."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
@@ -268,6 +270,7 @@ def promote(
 
     record = promote_checked(_open(store, endpoint_url), name, version, alias, target=target, compat=compat,
                              force=force, expect_version=expect_version, max_latency_regression=max_latency_regression,
+                             allow_output_change=allow_output_change,
                              validation=load_spec(spec_file).validation if spec_file else None)
     if record.comparison is not None:
         console.print(_rows_table(f"{alias}: {version} beside the bundle it held", record.comparison.rows()))
@@ -405,7 +408,8 @@ def retrain(
     weights: str = typer.Option(..., "--weights", help="New state dict: s3://bucket/key or a path the workers can read."),
     sha256: Optional[str] = typer.Option(None, "--sha256", help="Expected sha256 of the weights (default: computed from a local file)."),
     version: Optional[str] = typer.Option(None, "--version", help="Version to publish (default: <spec version>-<sha256[:12]>)."),
-    reason: str = typer.Option("", "--reason", help="Free text, e.g. the training run id."),
+    reason: str = typer.Option("", "--reason", help="Free text: why the model was retrained."),
+    training_run: Optional[str] = typer.Option(None, "--training-run", help="Id of the training run (the bundle's lineage)."),
 ) -> None:
     """Emit `model.retrain.requested` for NAME: the hook a training pipeline calls when new weights are ready."""
     from prefect.settings import PREFECT_API_URL
@@ -419,7 +423,7 @@ def retrain(
     if sha256 is None and "://" not in weights and Path(weights).is_file():
         sha256 = sha256_file(weights)
     request = parse_request({"name": name, "weights_uri": weights, "weights_sha256": sha256, "version": version,
-                             "reason": reason})
+                             "reason": reason, "training_run": training_run})
     event_id = emit_retrain(request)
     console.print(f"emitted {EVENT} for {request.resource_id} (event {event_id})")
 

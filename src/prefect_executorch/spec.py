@@ -337,6 +337,15 @@ class TensorRTTarget(StrictModel):
 TargetSpec = Annotated[Union[XnnpackTarget, PortableTarget, TensorRTTarget], Field(discriminator="kind")]
 
 
+class ModelCard(StrictModel):
+    """A model card: copied into the bundle's manifest and rendered in its validation report."""
+
+    description: str = Field(description="What the model does, in a sentence or two.")
+    license: str | None = Field(default=None, description="The weights' license, e.g. 'Apache-2.0'.")
+    intended_use: str | None = Field(default=None, description="What the model is meant (and not meant) for.")
+    limitations: str | None = Field(default=None, description="Known failure modes and gaps.")
+
+
 class BuildSpec(StrictModel):
     """Everything one build needs; loadable from YAML or JSON."""
 
@@ -348,6 +357,7 @@ class BuildSpec(StrictModel):
     target: TargetSpec = Field(default_factory=XnnpackTarget)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     external_weights: bool = Field(False, description="Store weights in a .ptd beside the .pte.")
+    card: ModelCard | None = Field(None, description="Optional model card, copied into the manifest.")
     export_timeout_s: float = Field(1800, gt=0, description="Wall-time limit of the export child process.")
     export_memory_limit_mib: int | None = Field(
         None, ge=1024, description="Address-space limit of the export child process (MiB); none by default."
