@@ -15,7 +15,7 @@ from prefect_executorch.artifacts.aliases import AliasRecord, promote, read_alia
 from prefect_executorch.artifacts.manifest import BundleKey, Manifest
 from prefect_executorch.artifacts.registry import pull
 from prefect_executorch.artifacts.store import ObjectStore
-from prefect_executorch.errors import PromotionRefused, SpecError
+from prefect_executorch.errors import BundleConflict, PromotionRefused, SpecError
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.sidebyside import ProgramFiles, SideBySide, SideBySideRequest
 from prefect_executorch.spec import MethodSpec, ValidationSpec, check_name
@@ -74,8 +74,10 @@ def promote_checked(
                                f"{max_latency_regression}")
     key = select_bundle(store, name, check_name(version, "version"), target, compat)
     found = read_alias(store, name, alias)
+    if found is not None and found[0].bundle_key() == key and expect_version in (None, key.version):
+        return found[0]  # already there: an automation and a retrain may both move it to the same bundle
     comparison, overridden = None, []
-    if found is not None and found[0].bundle_key() != key:
+    if found is not None:
         current = found[0]
         with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as default_scratch:
             comparison = compare_bundles(store, current, key, validation=validation or ValidationSpec(),
@@ -92,5 +94,11 @@ def promote_checked(
         overridden = problems
     # The comparison was made against the alias's bundle of now: move only if nobody moved it meanwhile.
     expect = expect_version or (found[0].version if found is not None else None)
-    return promote(store, name, version, alias, target=key.target, compat=key.compat, force=force,
-                   expect_version=expect, moved_by=moved_by, comparison=comparison, overridden=overridden)
+    try:
+        return promote(store, name, version, alias, target=key.target, compat=key.compat, force=force,
+                       expect_version=expect, moved_by=moved_by, comparison=comparison, overridden=overridden)
+    except BundleConflict:
+        now = read_alias(store, name, alias)
+        if now is not None and now[0].bundle_key() == key:
+            return now[0]  # a concurrent promotion moved it where we wanted it
+        raise

@@ -23,8 +23,10 @@ VALIDATION_FAILED = f"{PREFIX}.validation.failed"
 RESOURCE_PREFIX = f"{PREFIX}.bundle."
 
 
-def bundle_resource(key: BundleKey, store_url: str, manifest_sha256: str | None = None) -> dict[str, str]:
-    """The bundle as a Prefect event resource: a stable id and its facts as labels."""
+def bundle_resource(
+    key: BundleKey, store_url: str, manifest_sha256: str | None = None, labels: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The bundle as a Prefect event resource: a stable id and its facts (and ``labels``) as labels."""
     resource = {
         "prefect.resource.id": f"{RESOURCE_PREFIX}{store_url}/{key.prefix}",
         "prefect.resource.name": f"{key.name} {key.version} {key.target}/{key.compat}",
@@ -36,13 +38,15 @@ def bundle_resource(key: BundleKey, store_url: str, manifest_sha256: str | None 
     }
     if manifest_sha256:
         resource[f"{PREFIX}.manifest-sha256"] = manifest_sha256
+    resource.update({f"{PREFIX}.{name}": value for name, value in (labels or {}).items()})
     return resource
 
 
 def emit_bundle_event(
     event: str, key: BundleKey, store_url: str, manifest_sha256: str | None = None, *,
     payload: dict[str, Any] | None = None, related: list[dict[str, str]] | None = None,
+    labels: dict[str, str] | None = None,
 ) -> None:
     """Emit ``event`` about one bundle (a no-op where Prefect emits no events)."""
-    emit_event(event, resource=bundle_resource(key, store_url, manifest_sha256), payload=payload or {},
+    emit_event(event, resource=bundle_resource(key, store_url, manifest_sha256, labels), payload=payload or {},
                related=related)

@@ -31,5 +31,7 @@ def publish_bundle(
     get_run_logger().info("published %s to %s (manifest sha256 %s)", ref.key.prefix, ref.store, ref.manifest_sha256)
     emit_bundle_event(PUBLISHED, ref.key, ref.store, ref.manifest_sha256, payload={
         "manifest_key": ref.manifest_key, "validation_passed": manifest.validation.passed,
-        "validation_cases": manifest.validation.cases, "worst": manifest.validation.worst})
+        "validation_cases": manifest.validation.cases, "worst": manifest.validation.worst},
+        # A label, not only payload: automations match on resource labels (deployments/prefect.yaml).
+        labels={"validated": str(manifest.validation.passed).lower()})
     return ref

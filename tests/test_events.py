@@ -70,6 +70,7 @@ def test_publish_promote_pull_and_a_failed_validation_are_events_about_the_bundl
         assert event.resource["prefect-executorch.compat"] == ref.key.compat
     assert sha256_file(tmp_path / "pulled" / "manifest.json") == ref.manifest_sha256
     assert published.payload["validation_passed"] is True and published.payload["manifest_key"] == ref.manifest_key
+    assert published.resource["prefect-executorch.validated"] == "true"  # what the staging trigger matches
     assert promoted.payload["alias"] == "prod" and promoted.payload["forced"] is False
     assert promoted.payload["moved_by"] == record.moved_by and promoted.payload["previous"] is None
     related = {r.role: r.id for r in promoted.related}

@@ -342,8 +342,10 @@ def deploy(
                                         help="Bundle store the deployments publish to ({{ $PREFECT_EXECUTORCH_STORE }})."),
     name: list[str] = typer.Option([], "--name", help="Deploy only these 'flow/deployment' names (default: all)."),
     project_dir: Path = typer.Option(Path("."), "--project-dir", help="Where runs start (relative model paths resolve here)."),
+    automations: Optional[Path] = typer.Option(
+        Path("deployments/automations.yaml"), "--automations", help="Automations to apply after the deployments."),
 ) -> None:
-    """Create the work pools and queues the deployments need, then `prefect deploy` them."""
+    """Create the work pools and queues the deployments need, `prefect deploy` them, then apply the automations."""
     from prefect_executorch.errors import SpecError
     from prefect_executorch.fleet import plan_pools, prepare_pools, run_prefect_deploy
 
@@ -354,6 +356,13 @@ def deploy(
     for line in prepare_pools(plans):
         console.print(f"created {line}")
     run_prefect_deploy(prefect_file, project_dir, name)
+    if automations is not None and automations.exists():
+        from prefect_executorch.automations import apply_automations_file
+
+        for line in apply_automations_file(automations):
+            console.print(line)
+    elif automations is not None:
+        console.print(f"no automations file at {automations}: none applied")
     console.print(f"[bold green]deployed[/] {', '.join(name) if name else 'all deployments of ' + str(prefect_file)}"
                   f" to pools {', '.join(p.name for p in plans)}")
 
