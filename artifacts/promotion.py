@@ -11,11 +11,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from pydantic import BaseModel, Field
+
 from prefect_executorch.artifacts.aliases import AliasRecord, promote, read_alias, select_bundle
 from prefect_executorch.artifacts.manifest import BundleKey, Manifest
 from prefect_executorch.artifacts.registry import pull
 from prefect_executorch.artifacts.store import ObjectStore
-from prefect_executorch.errors import BundleConflict, PromotionRefused, SpecError
+from prefect_executorch.errors import BundleConflict, PromotionRefused
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.sidebyside import ProgramFiles, SideBySide, SideBySideRequest
 from prefect_executorch.spec import MethodSpec, ValidationSpec, check_name
@@ -48,31 +50,34 @@ def compare_bundles(
         shutil.rmtree(work, ignore_errors=True)
 
 
+class PromotionRequest(BaseModel):
+    """One move of an alias and the gates it must pass."""
+
+    name: str
+    version: str
+    alias: str
+    target: str | None = Field(default=None, description="The bundle's target, if the version has several.")
+    compat: str | None = Field(default=None, description="The bundle's compat key, if the version has several.")
+    force: bool = Field(default=False, description="Move over a failed validation or side-by-side gate (recorded).")
+    expect_version: str | None = Field(default=None, description="Only move the alias if it points at this version.")
+    max_latency_regression: float = Field(
+        default=MAX_LATENCY_REGRESSION, ge=0, description="Largest allowed candidate p50 / current p50 - 1.")
+    allow_output_change: bool = Field(
+        default=False, description="New weights: outputs differ by design, so only latency is gated.")
+    validation: ValidationSpec = Field(
+        default_factory=ValidationSpec, description="Tolerances and latency settings of the side-by-side.")
+
+
 def promote_checked(
-    store: ObjectStore,
-    name: str,
-    version: str,
-    alias: str,
-    *,
-    target: str | None = None,
-    compat: str | None = None,
-    force: bool = False,
-    max_latency_regression: float = MAX_LATENCY_REGRESSION,
-    allow_output_change: bool = False,
-    validation: ValidationSpec | None = None,
-    scratch_dir: Path | None = None,
-    expect_version: str | None = None,
-    moved_by: str | None = None,
+    store: ObjectStore, request: PromotionRequest, *, scratch_dir: Path | None = None, moved_by: str | None = None
 ) -> AliasRecord:
-    """Move ``alias`` to ``version`` if it agrees with and is no slower than the alias's bundle (or ``force``).
+    """Move the alias to the version if it agrees with and is no slower than the alias's bundle (or ``force``).
 
     ``allow_output_change`` is for new weights, whose outputs differ by design: only latency is gated
     then, and the comparison is recorded all the same.
     """
-    if max_latency_regression < 0:
-        raise SpecError(f"--max-latency-regression must be >= 0 (a fraction: 0.1 is 10%), got "
-                               f"{max_latency_regression}")
-    key = select_bundle(store, name, check_name(version, "version"), target, compat)
+    name, version, alias, expect_version = request.name, request.version, request.alias, request.expect_version
+    key = select_bundle(store, name, check_name(version, "version"), request.target, request.compat)
     found = read_alias(store, name, alias)
     if found is not None and found[0].bundle_key() == key and expect_version in (None, key.version):
         return found[0]  # already there: an automation and a retrain may both move it to the same bundle
@@ -80,13 +85,13 @@ def promote_checked(
     if found is not None:
         current = found[0]
         with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as default_scratch:
-            comparison = compare_bundles(store, current, key, validation=validation or ValidationSpec(),
+            comparison = compare_bundles(store, current, key, validation=request.validation,
                                          scratch_dir=scratch_dir or Path(default_scratch))
-        disagreements = [] if allow_output_change else comparison.disagreements()
+        disagreements = [] if request.allow_output_change else comparison.disagreements()
         problems = ([f"outputs disagree with {alias}: {line}" for line in disagreements]
                     + [f"latency regression over {alias}: {line}" for line in
-                       comparison.regressions(max_latency_regression)])
-        if problems and not force:
+                       comparison.regressions(request.max_latency_regression)])
+        if problems and not request.force:
             raise PromotionRefused(
                 f"{key.prefix} cannot take {alias} from {current.version} {current.target}/{current.compat}: "
                 + "; ".join(problems) + "; fix the candidate, raise --max-latency-regression, or pass --force "
@@ -95,7 +100,7 @@ def promote_checked(
     # The comparison was made against the alias's bundle of now: move only if nobody moved it meanwhile.
     expect = expect_version or (found[0].version if found is not None else None)
     try:
-        return promote(store, name, version, alias, target=key.target, compat=key.compat, force=force,
+        return promote(store, name, version, alias, target=key.target, compat=key.compat, force=request.force,
                        expect_version=expect, moved_by=moved_by, comparison=comparison, overridden=overridden)
     except BundleConflict:
         now = read_alias(store, name, alias)

@@ -6,7 +6,7 @@ from prefect import flow
 from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.aliases import AliasRecord
-from prefect_executorch.artifacts.promotion import MAX_LATENCY_REGRESSION
+from prefect_executorch.artifacts.promotion import MAX_LATENCY_REGRESSION, PromotionRequest
 from prefect_executorch.spec import ValidationSpec
 from prefect_executorch.tasks.promote import promote_alias
 
@@ -30,6 +30,8 @@ def promote(
     bundle (compared at ``validation``'s tolerances) is refused unless ``force``; ``allow_output_change``
     (new weights) gates latency only.
     """
-    return promote_alias(store, name, version, alias, target=target, compat=compat, force=force,
-                         max_latency_regression=max_latency_regression, allow_output_change=allow_output_change,
-                         validation=validation)
+    request = PromotionRequest(
+        name=name, version=version, alias=alias, target=target, compat=compat, force=force,
+        max_latency_regression=max_latency_regression, allow_output_change=allow_output_change,
+        validation=validation or ValidationSpec())
+    return promote_alias(store, request)

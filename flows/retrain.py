@@ -9,6 +9,7 @@ from pathlib import Path
 from prefect import flow
 
 from prefect_executorch.artifacts.aliases import AliasRecord
+from prefect_executorch.artifacts.promotion import PromotionRequest
 from prefect_executorch.flows.matrix import build_matrix
 from prefect_executorch.placement import MatrixCell
 from prefect_executorch.retrain import parse_request, promotion_aliases
@@ -54,7 +55,7 @@ def retrain(
             shutil.rmtree(work_dir, ignore_errors=True)
     return [
         # New weights change the outputs by design: the side-by-side gates latency only.
-        promote_alias(store, key.name, key.version, name_of_alias, target=key.target, compat=key.compat,
-                      allow_output_change=True, validation=spec.validation)
+        promote_alias(store, PromotionRequest(name=key.name, version=key.version, alias=name_of_alias, target=key.target,
+                                              compat=key.compat, allow_output_change=True, validation=spec.validation))
         for name_of_alias, key in promotion_aliases(alias, [ref.key for ref in refs])
     ]

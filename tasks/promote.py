@@ -9,37 +9,22 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.aliases import AliasRecord
-from prefect_executorch.artifacts.promotion import MAX_LATENCY_REGRESSION, promote_checked
+from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
 from prefect_executorch.artifacts.reports import publish_promotion_artifact
 from prefect_executorch.artifacts.store import open_store
-from prefect_executorch.spec import ValidationSpec
 from prefect_executorch.tasks.events import PROMOTED, emit_bundle_event
 
 if TYPE_CHECKING:
     from prefect.blocks.core import Block
 
 
-@task(name="promote-alias")
-def promote_alias(
-    store: str | Block,
-    name: str,
-    version: str,
-    alias: str,
-    target: str | None = None,
-    compat: str | None = None,
-    force: bool = False,
-    expect_version: str | None = None,
-    max_latency_regression: float = MAX_LATENCY_REGRESSION,
-    allow_output_change: bool = False,
-    validation: ValidationSpec | None = None,
-) -> AliasRecord:
-    """Point ``alias`` at ``name`` ``version``; a lost race, an unvalidated bundle or a failed side-by-side fails it."""
+@task(name="promote-alias", task_run_name="promote-{request.name}-{request.version}-to-{request.alias}")
+def promote_alias(store: str | Block, request: PromotionRequest) -> AliasRecord:
+    """Move the alias; a lost race, an unvalidated bundle or a failed side-by-side (unless forced) fails the task."""
     opened = open_store(store)
     with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as scratch:
-        record = promote_checked(opened, name, version, alias, target=target, compat=compat, force=force,
-                                 max_latency_regression=max_latency_regression,
-                                 allow_output_change=allow_output_change, validation=validation,
-                                 scratch_dir=Path(scratch), expect_version=expect_version)
+        record = promote_checked(opened, request, scratch_dir=Path(scratch))
+    name, version, alias = request.name, request.version, request.alias
     logger = get_run_logger()
     logger.info("%s%s", record.describe(), f" (was {record.previous.version})" if record.previous else "")
     publish_promotion_artifact(f"{name}-{version}-to-{alias}", record)

@@ -370,7 +370,7 @@ def test_a_failed_validation_notifies_the_configured_block(fleet: Fleet, tmp_pat
                                            json_data={"text": "{{subject}}\n{{body}}"}).save("e2e-alerts", overwrite=True)
         env = {**fleet.env, "PREFECT_EXECUTORCH_NOTIFY_BLOCK": "custom-webhook/e2e-alerts"}
         deployed = subprocess.run([*CLI, "deploy", "--prefect-file", str(_variant(tmp_path)), "--name",
-                                   "promote-bundle/manual"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+                                   "manual"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         assert "automation prefect-executorch-validation-failed" in deployed.stdout
         with _client(fleet) as client:

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from helpers import spec_data
-from prefect_executorch.artifacts.aliases import alias_history, read_alias
+from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, read_alias
 from prefect_executorch.artifacts.manifest import BundleKey
-from prefect_executorch.artifacts.promotion import promote_checked
+from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.cli import app
-from prefect_executorch.errors import PromotionRefused, SpecError
+from prefect_executorch.errors import PromotionRefused
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
 from prefect_executorch.report import ValidationReport
@@ -46,6 +47,12 @@ def builds(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> B
     return Builds(store=store, keys=keys)
 
 
+def move(store: LocalStore, version: str, alias: str, moved_by: str | None = None, **gates: Any) -> AliasRecord:
+    """Promote ``mlp`` ``version`` to ``alias`` through the side-by-side gate."""
+    request = PromotionRequest(name="mlp", version=version, alias=alias, **gates)
+    return promote_checked(store, request, moved_by=moved_by)
+
+
 def test_validation_latency_is_windowed_with_percentiles(builds: Builds) -> None:
     report = ValidationReport.model_validate_json((builds.store.root / builds.keys["1"].prefix / "validation.json")
                                                   .read_text())
@@ -59,22 +66,22 @@ def test_validation_latency_is_windowed_with_percentiles(builds: Builds) -> None
 
 
 def test_an_empty_alias_needs_no_comparison(builds: Builds) -> None:
-    record = promote_checked(builds.store, "mlp", "2", "empty")
+    record = move(builds.store, "2", "empty")
     assert record.comparison is None and not record.forced and record.previous is None
     # Again to the same bundle (an automation and a retrain may race there): nothing moves, nothing is logged.
-    assert promote_checked(builds.store, "mlp", "2", "empty") == record
+    assert move(builds.store, "2", "empty") == record
     assert len(alias_history(builds.store, "mlp", "empty")) == 1
 
 
 def test_a_slower_candidate_cannot_take_the_alias_without_force_and_the_force_is_on_record(builds: Builds) -> None:
     store = builds.store
-    promote_checked(store, "mlp", "1", "prod")
+    move(store, "1", "prod")
     with pytest.raises(PromotionRefused, match=r"latency regression over prod: forward: p50 .* \(\+\d+%, limit \+10%"):
-        promote_checked(store, "mlp", "2", "prod")
+        move(store, "2", "prod")
     found = read_alias(store, "mlp", "prod")
     assert found is not None and found[0].version == "1"  # refused: nothing moved
 
-    record = promote_checked(store, "mlp", "2", "prod", force=True, moved_by="alice@ci")
+    record = move(store, "2", "prod", force=True, moved_by="alice@ci")
     assert record.version == "2" and record.forced and record.moved_by == "alice@ci"
     assert record.previous is not None and record.previous.version == "1"
     assert len(record.overridden) == 1 and record.overridden[0].startswith("latency regression over prod: forward")
@@ -88,21 +95,19 @@ def test_a_slower_candidate_cannot_take_the_alias_without_force_and_the_force_is
 
 
 def test_a_looser_regression_limit_lets_the_slower_candidate_through(builds: Builds) -> None:
-    promote_checked(builds.store, "mlp", "1", "loose")
-    record = promote_checked(builds.store, "mlp", "2", "loose", max_latency_regression=1000)
+    move(builds.store, "1", "loose")
+    record = move(builds.store, "2", "loose", max_latency_regression=1000)
     assert record.version == "2" and not record.forced and record.overridden == []
     assert record.comparison is not None and record.comparison.disagreements() == []
 
 
 def test_disagreeing_outputs_are_refused_whatever_the_latency(builds: Builds) -> None:
-    promote_checked(builds.store, "mlp", "1", "other")
+    move(builds.store, "1", "other")
     with pytest.raises(PromotionRefused, match=r"outputs disagree with other: forward: 2 of 2 inputs disagree; "
                                                r"output \[0\] at static .* beyond atol="):
-        promote_checked(builds.store, "mlp", "3", "other", max_latency_regression=1000)
-    with pytest.raises(SpecError, match="must be >= 0"):
-        promote_checked(builds.store, "mlp", "3", "other", max_latency_regression=-0.5)
+        move(builds.store, "3", "other", max_latency_regression=1000)
     # New weights differ by design: only latency is gated, and the disagreement stays on record.
-    record = promote_checked(builds.store, "mlp", "3", "other", allow_output_change=True, max_latency_regression=1000)
+    record = move(builds.store, "3", "other", allow_output_change=True, max_latency_regression=1000)
     assert record.version == "3" and not record.forced and record.comparison is not None
     assert record.comparison.disagreements()[0].startswith("forward: 2 of 2 inputs disagree")
 
@@ -111,6 +116,9 @@ def test_cli_refuses_with_one_message_and_records_force(builds: Builds) -> None:
     runner = CliRunner(env={"COLUMNS": "300"})
     store = str(builds.store.root)
     assert runner.invoke(app, ["promote", "mlp", "1", "--alias", "cli", "--store", store]).exit_code == 0
+    negative = runner.invoke(app, ["promote", "mlp", "3", "--alias", "cli", "--max-latency-regression", "-0.5",
+                                   "--store", store])
+    assert negative.exit_code == 2 and "-0.5" in negative.output
     refused = runner.invoke(app, ["promote", "mlp", "3", "--alias", "cli", "--store", store])
     assert refused.exit_code == 1 and "PromotionRefused" in refused.output and "Traceback" not in refused.output
     assert "outputs disagree with cli" in refused.output and "pass --force" in refused.output
@@ -125,7 +133,7 @@ def test_flow_attaches_the_comparison_as_a_table_artifact(builds: Builds) -> Non
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    promote_checked(builds.store, "mlp", "1", "flow")
+    move(builds.store, "1", "flow")
     record = promote_flow("mlp", "2", "flow", store=str(builds.store.root), force=True)
     assert record.forced
     with get_client(sync_client=True) as client:

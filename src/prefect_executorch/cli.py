@@ -256,7 +256,7 @@ def promote(
     expect_version: Optional[str] = typer.Option(
         None, "--expect-version", help="Only move the alias if it points at this version now."),
     max_latency_regression: float = typer.Option(
-        0.10, "--max-latency-regression", help="Refuse a candidate whose p50 is this much slower than the alias's (0.1: 10%)."),
+        0.10, "--max-latency-regression", min=0.0, help="Refuse a candidate whose p50 is this much slower than the alias's (0.1: 10%)."),
     allow_output_change: bool = typer.Option(
         False, "--allow-output-change", help="New weights: gate latency only (the output comparison is still recorded)."),
     spec_file: Optional[Path] = typer.Option(
@@ -265,13 +265,14 @@ def promote(
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
     """Point an alias at a validated bundle that agrees with and is no slower than the alias's (compare-and-swap)."""
-    from prefect_executorch.artifacts.promotion import promote_checked
-    from prefect_executorch.spec import load_spec
+    from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
+    from prefect_executorch.spec import ValidationSpec, load_spec
 
-    record = promote_checked(_open(store, endpoint_url), name, version, alias, target=target, compat=compat,
-                             force=force, expect_version=expect_version, max_latency_regression=max_latency_regression,
-                             allow_output_change=allow_output_change,
-                             validation=load_spec(spec_file).validation if spec_file else None)
+    request = PromotionRequest(
+        name=name, version=version, alias=alias, target=target, compat=compat, force=force,
+        expect_version=expect_version, max_latency_regression=max_latency_regression,
+        allow_output_change=allow_output_change, validation=load_spec(spec_file).validation if spec_file else ValidationSpec())
+    record = promote_checked(_open(store, endpoint_url), request)
     if record.comparison is not None:
         console.print(_rows_table(f"{alias}: {version} beside the bundle it held", record.comparison.rows()))
     before = record.previous
