@@ -118,7 +118,7 @@ def test_cli_refuses_with_one_message_and_records_force(builds: Builds) -> None:
     assert runner.invoke(app, ["promote", "mlp", "1", "--alias", "cli", "--store", store]).exit_code == 0
     negative = runner.invoke(app, ["promote", "mlp", "3", "--alias", "cli", "--max-latency-regression", "-0.5",
                                    "--store", store])
-    assert negative.exit_code == 2 and "-0.5" in negative.output
+    assert negative.exit_code == 2 and "max-latency-regression" in negative.output
     refused = runner.invoke(app, ["promote", "mlp", "3", "--alias", "cli", "--store", store])
     assert refused.exit_code == 1 and "PromotionRefused" in refused.output and "Traceback" not in refused.output
     assert "outputs disagree with cli" in refused.output and "pass --force" in refused.output
