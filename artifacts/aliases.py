@@ -28,6 +28,7 @@ from prefect_executorch.errors import (
     ValidationFailed,
 )
 from prefect_executorch.hashing import sha256_bytes
+from prefect_executorch.sidebyside import SideBySide
 from prefect_executorch.spec import check_name
 
 logger = logging.getLogger(__name__)
@@ -56,9 +57,12 @@ class AliasRecord(AliasTarget):
     alias: str
     moved_at: datetime
     moved_by: str
-    forced: bool = Field(default=False, description="Promoted with --force although its validation had not passed.")
+    forced: bool = Field(default=False, description="Promoted with --force over a failed validation or side-by-side gate.")
     validation_passed: bool
     previous: AliasTarget | None = Field(default=None, description="Where the alias pointed before this move.")
+    overridden: list[str] = Field(default_factory=list, description="What --force overrode, one line per refusal.")
+    comparison: SideBySide | None = Field(
+        default=None, description="The candidate run beside the previous bundle (None: the alias was empty or the same).")
 
     def bundle_key(self) -> BundleKey:
         """The key of the bundle this alias points at."""
@@ -150,10 +154,13 @@ def promote(
     force: bool = False,
     expect_version: str | None = None,
     moved_by: str | None = None,
+    comparison: SideBySide | None = None,
+    overridden: list[str] | None = None,
 ) -> AliasRecord:
     """Point ``alias`` at a validated bundle with compare-and-swap; the loser of a race gets ``BundleConflict``.
 
-    ``expect_version`` makes the move conditional on where the alias points now (none: any).
+    ``expect_version`` makes the move conditional on where the alias points now (none: any);
+    ``comparison`` and ``overridden`` (what a forced side-by-side gate refused) are recorded as given.
     """
     key_name = alias_key(name, alias)
     key = select_bundle(store, name, check_name(version, "version"), target, compat)
@@ -168,11 +175,14 @@ def promote(
         now_at = current[0].describe() if current else f"{alias} is not set"
         raise BundleConflict(f"alias {alias} of {name} was expected at version {expect_version}, but {now_at}; "
                              "nothing was changed")
+    overrides = ([] if manifest.validation.passed else [f"failed validation: {manifest.validation.worst}"])
+    overrides += overridden or []
     record = AliasRecord(
         name=name, alias=alias, version=key.version, target=key.target, compat=key.compat,
         manifest_sha256=sha256_bytes(raw), moved_at=datetime.now(timezone.utc), moved_by=moved_by or user_at_host(),
-        forced=force and not manifest.validation.passed, validation_passed=manifest.validation.passed,
+        forced=force and bool(overrides), validation_passed=manifest.validation.passed,
         previous=AliasTarget.model_validate(current[0].model_dump()) if current else None,
+        overridden=overrides if force else [], comparison=comparison,
     )
     body = record.model_dump_json(indent=2).encode()
     try:

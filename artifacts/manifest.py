@@ -16,7 +16,8 @@ from prefect_executorch.program import MethodFacts
 from prefect_executorch.errors import SpecError
 from prefect_executorch.quantization import QuantizationFacts
 from prefect_executorch.report import ValidationSummary
-from prefect_executorch.spec import InputSpec, check_name
+from prefect_executorch.lineage import Lineage
+from prefect_executorch.spec import InputSpec, ModelCard, check_name
 from prefect_executorch.toolchain import Toolchain
 
 MANIFEST_FILE = "manifest.json"
@@ -115,6 +116,8 @@ class Manifest(BaseModel):
     fingerprint: str | None = Field(None, description="Build fingerprint (fingerprint.py): an unchanged rebuild has the same.")
     validation: ValidationSummary
     bundled: BundledFacts | None = Field(None, description="The .bpte of the validation cases, or why there is none.")
+    lineage: Lineage | None = Field(default=None, description="Sources, git commit, weights and training run.")
+    card: ModelCard | None = Field(default=None, description="The spec's model card.")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
     builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")
 

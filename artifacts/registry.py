@@ -45,6 +45,7 @@ from prefect_executorch.errors import (
 )
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.hashing import sha256_bytes, sha256_file
+from prefect_executorch.lineage import Lineage
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec, check_name
 from prefect_executorch.targets import get_target
@@ -303,8 +304,10 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
     return manifest
 
 
-def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport,
-                   fingerprint: str | None = None) -> Manifest:
+def prepare_bundle(
+    spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport,
+    fingerprint: str | None = None, lineage: Lineage | None = None,
+) -> Manifest:
     """Write ``validation.json`` into the export directory and build the bundle's manifest."""
     target = get_target(spec.target_name)
     bundle_dir = export.path
@@ -329,6 +332,8 @@ def prepare_bundle(spec: BuildSpec, toolchain: Toolchain, export: ExportedProgra
         fingerprint=fingerprint,
         validation=report.summary(),
         bundled=bundled,
+        lineage=lineage,
+        card=spec.card,
     )
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from prefect_executorch.report import ValidationReport
+from prefect_executorch.spec import ModelCard
+
+if TYPE_CHECKING:
+    from prefect_executorch.artifacts.aliases import AliasRecord
 
 
 def artifact_key(*parts: str) -> str:
@@ -34,11 +38,19 @@ def _markdown_table(rows: list[BaseModel]) -> list[str]:
     return lines
 
 
-def validation_markdown(title: str, report: ValidationReport) -> str:
-    """The program facts per method, a table per method x shape, the gates and the worst output."""
+def card_markdown(card: ModelCard) -> list[str]:
+    """The model card as a markdown section."""
+    fields = [("License", card.license), ("Intended use", card.intended_use), ("Limitations", card.limitations)]
+    return ["## Model card", "", card.description, ""] + [f"- **{label}:** {value}" for label, value in fields if value]
+
+
+def validation_markdown(title: str, report: ValidationReport, card: ModelCard | None = None) -> str:
+    """The model card, the program facts per method, a table per method x shape, the gates and the worst output."""
     lines = [f"# Validation: {title}", "", f"**{'PASSED' if report.passed else 'FAILED'}**, "
              f"{len(report.cases)} cases, program loaded in {report.load_seconds:.2f} s, "
-             f"{'with' if report.used_data_file else 'without'} a .ptd", "", "## Methods", ""]
+             f"{'with' if report.used_data_file else 'without'} a .ptd", ""]
+    lines += card_markdown(card) + [""] if card else []
+    lines += ["## Methods", ""]
     lines += _markdown_table(list(report.method_rows()))
     lines += ["", "## Method x shape", ""]
     lines += _markdown_table(list(report.shape_rows()))
@@ -51,17 +63,33 @@ def validation_markdown(title: str, report: ValidationReport) -> str:
     return "\n".join(lines)
 
 
-def publish_validation_artifacts(title: str, report: ValidationReport) -> None:
-    """Attach the markdown report and a table (one row per method x shape) to the current Prefect run."""
+def publish_validation_artifacts(title: str, report: ValidationReport, card: ModelCard | None = None) -> None:
+    """Attach the markdown report (with the model card) and a table (one row per method x shape) to the current run."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
     create_markdown_artifact(
         key=artifact_key("validation", title),
-        markdown=validation_markdown(title, report),
+        markdown=validation_markdown(title, report, card),
         description=f"Validation of {title} against eager PyTorch",
     )
     create_table_artifact(
         key=artifact_key("validation-table", title),
         table=[row.model_dump() for row in report.shape_rows()],
         description=f"Validation of {title}: worst error per method x shape",
+    )
+
+
+def publish_promotion_artifact(title: str, record: AliasRecord) -> None:
+    """Attach the side-by-side comparison of a promotion (one row per method) to the current Prefect run."""
+    from prefect.artifacts import create_table_artifact
+
+    if record.comparison is None:
+        return
+    previous = record.previous
+    was = f"{previous.version} {previous.target}/{previous.compat}" if previous else "nothing"
+    forced = f"; FORCED by {record.moved_by} over: {'; '.join(record.overridden)}" if record.forced else ""
+    create_table_artifact(
+        key=artifact_key("promotion", title),
+        table=[row.model_dump() for row in record.comparison.rows()],
+        description=f"{record.alias}: {record.version} {record.target}/{record.compat} beside {was}{forced}",
     )

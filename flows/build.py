@@ -27,6 +27,7 @@ def build_bundle(
     result_storage: str | None = None,
     weights_uri: str | None = None,
     weights_sha256: str | None = None,
+    training_run: str | None = None,
 ) -> BundleRef:
     """Build, validate and publish one bundle of ``spec`` to ``store`` (a URL or an S3Bucket block).
 
@@ -34,7 +35,7 @@ def build_bundle(
     published bundle without exporting, as long as its manifest is still in the store.
     ``placement`` is checked against this worker's toolchain before any work. ``weights_uri``
     (``s3://...`` or a path, verified against ``weights_sha256``) replaces the spec's weights,
-    fetched into the output directory. Exports go to fresh
+    fetched into the output directory; it and ``training_run`` go into the manifest's lineage. Exports go to fresh
     directories under ``output``; without one, a temporary directory is used and removed.
     ``result_storage`` (a directory or ``block:<type>/<name>``; default ``$PREFECT_EXECUTORCH_RESULT_STORAGE``)
     holds the cache records.
@@ -55,7 +56,7 @@ def build_bundle(
         build = build_and_publish.with_options(refresh_cache=not published.published)
         if storage is not None:
             build = build.with_options(result_storage=storage)
-        return build(spec, toolchain, compat, store, output_root)
+        return build(spec, toolchain, compat, store, output_root, weights_uri, training_run)
     finally:
         if output is None:
             shutil.rmtree(output_root, ignore_errors=True)

@@ -22,6 +22,7 @@ def build_matrix(
     weights_sha256: str | None = None,
     dispatch: bool | None = None,
     output: str | None = None,
+    training_run: str | None = None,
 ) -> list[BundleRef]:
     """Build ``spec`` for every cell of ``targets``; fail naming every failed build, else return all bundles.
 
@@ -32,14 +33,15 @@ def build_matrix(
     if dispatch is None:
         dispatch = deployment.id is not None
     if dispatch:
-        futures = [dispatch_build.submit(spec, cell, store, weights_uri, weights_sha256) for cell in targets]
+        futures = [dispatch_build.submit(spec, cell, store, weights_uri, weights_sha256, training_run) for cell in targets]
         for future in futures:
             future.wait()
         states = [future.state for future in futures]
     else:
         states = [
             build_bundle(cell.spec_for(spec), store, output=output, placement=cell.placement,
-                         weights_uri=weights_uri, weights_sha256=weights_sha256, return_state=True)
+                         weights_uri=weights_uri, weights_sha256=weights_sha256, training_run=training_run,
+                         return_state=True)
             for cell in targets
         ]
     # Prefect unwraps quote() before the task runs; its overloads cannot say so.

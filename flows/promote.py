@@ -6,6 +6,8 @@ from prefect import flow
 from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.aliases import AliasRecord
+from prefect_executorch.artifacts.promotion import MAX_LATENCY_REGRESSION, PromotionRequest
+from prefect_executorch.spec import ValidationSpec
 from prefect_executorch.tasks.promote import promote_alias
 
 
@@ -18,6 +20,18 @@ def promote(
     target: str | None = None,
     compat: str | None = None,
     force: bool = False,
+    max_latency_regression: float = MAX_LATENCY_REGRESSION,
+    allow_output_change: bool = False,
+    validation: ValidationSpec | None = None,
 ) -> AliasRecord:
-    """Point ``alias`` of ``name`` at ``version`` (one bundle, narrowed by ``target``/``compat``) in ``store``."""
-    return promote_alias(store, name, version, alias, target=target, compat=compat, force=force)
+    """Point ``alias`` of ``name`` at ``version`` (one bundle, narrowed by ``target``/``compat``) in ``store``.
+
+    A bundle that disagrees with, or is more than ``max_latency_regression`` slower than, the alias's
+    bundle (compared at ``validation``'s tolerances) is refused unless ``force``; ``allow_output_change``
+    (new weights) gates latency only.
+    """
+    request = PromotionRequest(
+        name=name, version=version, alias=alias, target=target, compat=compat, force=force,
+        max_latency_regression=max_latency_regression, allow_output_change=allow_output_change,
+        validation=validation or ValidationSpec())
+    return promote_alias(store, request)

@@ -9,6 +9,7 @@ from pathlib import Path
 from prefect import flow
 
 from prefect_executorch.artifacts.aliases import AliasRecord
+from prefect_executorch.artifacts.promotion import PromotionRequest
 from prefect_executorch.flows.matrix import build_matrix
 from prefect_executorch.placement import MatrixCell
 from prefect_executorch.retrain import parse_request, promotion_aliases
@@ -28,6 +29,7 @@ def retrain(
     weights_sha256: str | None = None,
     alias: str = "staging",
     output: str | None = None,
+    training_run: str | None = None,
 ) -> list[AliasRecord]:
     """Fetch ``weights_uri``, build ``spec`` with it for every target, then move ``alias`` to the new bundles.
 
@@ -37,7 +39,8 @@ def retrain(
     Nothing is promoted unless every build validated and published; one target moves ``alias``,
     several move ``<alias>-<compat>`` each (an alias points at one bundle).
     """
-    request = parse_request({"name": name, "weights_uri": weights_uri, "version": version, "weights_sha256": weights_sha256})
+    request = parse_request({"name": name, "weights_uri": weights_uri, "version": version, "weights_sha256": weights_sha256,
+                             "training_run": training_run})
     request.check_spec(spec)
     work_dir = Path(output) if output else Path(tempfile.mkdtemp(prefix="prefect-executorch-retrain-"))
     try:
@@ -46,11 +49,13 @@ def retrain(
         fetched = fetch_weights(request.weights_uri, work_dir, request.weights_sha256)
         versioned = fetched.apply(spec, request.version or fetched.default_version(spec))
         refs = build_matrix(versioned, targets, store, weights_uri=request.weights_uri,
-                            weights_sha256=fetched.sha256, output=output)
+                            weights_sha256=fetched.sha256, output=output, training_run=request.training_run)
     finally:
         if output is None:
             shutil.rmtree(work_dir, ignore_errors=True)
     return [
-        promote_alias(store, key.name, key.version, name_of_alias, target=key.target, compat=key.compat)
+        # New weights change the outputs by design: the side-by-side gates latency only.
+        promote_alias(store, PromotionRequest(name=key.name, version=key.version, alias=name_of_alias, target=key.target,
+                                              compat=key.compat, allow_output_change=True, validation=spec.validation))
         for name_of_alias, key in promotion_aliases(alias, [ref.key for ref in refs])
     ]

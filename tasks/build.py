@@ -7,13 +7,16 @@ from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
+from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.rebuild import PublishedBuild, check_rebuild
 from prefect_executorch.artifacts.registry import BundleRef
 from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.fingerprint import build_fingerprint
 from prefect_executorch.placement import needs_cuda
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.tasks.cache import BuildCachePolicy
+from prefect_executorch.tasks.events import VALIDATION_FAILED, emit_bundle_event
 from prefect_executorch.tasks.export import export_model
 from prefect_executorch.tasks.gpu import gpu_slot
 from prefect_executorch.tasks.publish import publish_bundle
@@ -32,7 +35,8 @@ def check_published(spec: BuildSpec, toolchain: Toolchain, compat: str, store: s
 
 @task(name="build-and-publish", cache_policy=BuildCachePolicy(), persist_result=True)
 def build_and_publish(
-    spec: BuildSpec, toolchain: Toolchain, compat: str, store: str | Block, output_root: Path
+    spec: BuildSpec, toolchain: Toolchain, compat: str, store: str | Block, output_root: Path,
+    weights_uri: str | None = None, training_run: str | None = None,
 ) -> BundleRef:
     """Export, validate and publish; a cache hit returns the published bundle without exporting."""
     # Validation runs the engine too, so it holds the GPU as long as the export does.
@@ -40,6 +44,12 @@ def build_and_publish(
         if slot:
             get_run_logger().info("holding GPU slot %s", slot)
         export = export_model(spec, output_root)
-        report = validate_export(spec, export, output_root)
+        try:
+            report = validate_export(spec, export, output_root)
+        except ValidationFailed as exc:
+            emit_bundle_event(VALIDATION_FAILED, BundleKey.of(spec.name, spec.version, spec.target_name, compat),
+                              open_store(store).url,
+                              payload={"error": str(exc).splitlines()[0]})
+            raise
     fingerprint = build_fingerprint(spec, toolchain, compat, open_store(store).url).key()
-    return publish_bundle(spec, toolchain, export, report, store, fingerprint)
+    return publish_bundle(spec, toolchain, export, report, store, fingerprint, weights_uri, training_run)

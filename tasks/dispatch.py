@@ -23,7 +23,8 @@ QUEUE_WAIT_S = 3600.0
 
 
 def build_parameters(
-    spec: BuildSpec, cell: MatrixCell, store: str, weights_uri: str | None, weights_sha256: str | None
+    spec: BuildSpec, cell: MatrixCell, store: str, weights_uri: str | None, weights_sha256: str | None,
+    training_run: str | None = None,
 ) -> dict[str, Any]:
     """The ``build_bundle`` parameters of one cell, as JSON."""
     return {
@@ -32,6 +33,7 @@ def build_parameters(
         "placement": cell.placement.model_dump(mode="json"),
         "weights_uri": weights_uri,
         "weights_sha256": weights_sha256,
+        "training_run": training_run,
     }
 
 
@@ -42,12 +44,13 @@ def dispatch_build(
     store: str,
     weights_uri: str | None = None,
     weights_sha256: str | None = None,
+    training_run: str | None = None,
 ) -> BundleRef:
     """Run ``build-bundle/<pool>`` on the cell's arch queue, wait for it, and return its bundle."""
     deployment = f"{BUILD_FLOW}/{cell.placement.pool}"
     flow_run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync call: not a coroutine
         name=deployment,
-        parameters=build_parameters(spec, cell, store, weights_uri, weights_sha256),
+        parameters=build_parameters(spec, cell, store, weights_uri, weights_sha256, training_run),
         work_queue_name=cell.placement.queue,
         flow_run_name=f"build-{spec.name}-{spec.version}-{cell.label}",
         timeout=spec.export_timeout_s + spec.validation.timeout_s + QUEUE_WAIT_S,

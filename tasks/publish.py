@@ -10,8 +10,10 @@ from prefect_executorch.artifacts.registry import BundleRef, prepare_bundle, pub
 from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.progress import stage
+from prefect_executorch.lineage import collect_lineage
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
+from prefect_executorch.tasks.events import PUBLISHED, emit_bundle_event
 from prefect_executorch.tasks.retries import retry_transient
 from prefect_executorch.toolchain import Toolchain
 
@@ -22,11 +24,17 @@ if TYPE_CHECKING:
 @task(name="publish", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=retry_transient)
 def publish_bundle(
     spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport, store: str | Block,
-    fingerprint: str | None = None,
+    fingerprint: str | None = None, weights_uri: str | None = None, training_run: str | None = None,
 ) -> BundleRef:
-    """Write the manifest for the export and publish the bundle to ``store`` (a URL or an S3Bucket block)."""
-    manifest = prepare_bundle(spec, toolchain, export, report, fingerprint)
+    """Write the manifest (with the build's lineage) and publish the bundle to ``store`` (a URL or an S3Bucket block)."""
+    manifest = prepare_bundle(spec, toolchain, export, report, fingerprint,
+                              collect_lineage(spec, weights_uri, training_run))
     with stage("publish"):
         ref = publish(open_store(store), export.path, manifest)
     get_run_logger().info("published %s to %s (manifest sha256 %s)", ref.key.prefix, ref.store, ref.manifest_sha256)
+    emit_bundle_event(PUBLISHED, ref.key, ref.store, ref.manifest_sha256, payload={
+        "manifest_key": ref.manifest_key, "validation_passed": manifest.validation.passed,
+        "validation_cases": manifest.validation.cases, "worst": manifest.validation.worst},
+        # A label, not only payload: automations match on resource labels (deployments/prefect.yaml).
+        labels={"validated": str(manifest.validation.passed).lower()})
     return ref

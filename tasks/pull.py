@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.catalog import AUTO, resolve
-from prefect_executorch.artifacts.manifest import Manifest
+from prefect_executorch.artifacts.manifest import MANIFEST_FILE, Manifest
 from prefect_executorch.artifacts.registry import pull
 from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.hashing import sha256_file
+from prefect_executorch.tasks.events import PULLED, emit_bundle_event
 from prefect_executorch.tasks.retries import retry_transient
 
 if TYPE_CHECKING:
@@ -31,6 +33,8 @@ def pull_bundle(
     opened = open_store(store)
     resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
     manifest = pull(opened, resolved.key, Path(dest), manifest_sha256=resolved.manifest_sha256)
+    emit_bundle_event(PULLED, resolved.key, opened.url, sha256_file(Path(dest) / MANIFEST_FILE),
+                      payload={"dest": dest, "alias": alias, "reason": resolved.reason})
     get_run_logger().info("pulled %s (%s) into %s; %d files verified", resolved.key.prefix, resolved.reason, dest,
                           len(manifest.files))
     return manifest

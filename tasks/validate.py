@@ -23,7 +23,7 @@ def _validate(
 ) -> ValidationReport:
     report = validate_program(spec, bundle_dir, data_files, scratch_dir=scratch_dir, delegation=delegation,
                               bundled_out=bundled_out)
-    publish_validation_artifacts(title, report)
+    publish_validation_artifacts(title, report, spec.card)
     get_run_logger().info("validation of %s %s: %s", title, "passed" if report.passed else "FAILED",
                           report.describe_worst())
     require_passed(report)

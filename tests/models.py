@@ -64,6 +64,31 @@ def mlp() -> nn.Module:
     return Mlp()
 
 
+class SlowMlp(Mlp):
+    """``mlp``'s outputs after far more work: a deep detour whose result is added times zero."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.detour = nn.Sequential(nn.Linear(64, 512), *(nn.Linear(512, 512) for _ in range(6)), nn.Linear(512, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.fc1(x))
+        # Nothing folds a multiply by zero away, so the detour is really run.
+        return self.fc2(hidden + 0.0 * torch.tanh(self.detour(hidden)))
+
+
+def mlp_slow() -> nn.Module:
+    """Same weights (seed) and outputs as ``mlp``, several times slower."""
+    torch.manual_seed(2)
+    return SlowMlp()
+
+
+def mlp_other() -> nn.Module:
+    """``mlp``'s architecture with other weights: same shapes, different outputs."""
+    torch.manual_seed(7)
+    return Mlp()
+
+
 class Wide(nn.Module):
     """Two square layers: weights of 8 * width**2 bytes (float32)."""
 

@@ -1,17 +1,21 @@
 """The fleet for real: `prefect server start`, `prefect-executorch deploy`, workers as subprocesses.
 
 One server, one CPU worker and a SeaweedFS bucket as the store for the module; a deployed matrix
-build, an event-triggered retrain that moves `staging`, and a run refused by a worker whose pool's
-channel this machine does not have. Every process is started with Popen and stopped by its pid.
+build, an event-triggered retrain that moves `staging`, a run refused by a worker whose pool's
+channel this machine does not have, and the automations: a publish event moves `staging`, a failed
+validation posts to a notification webhook. Every process is started with Popen and stopped by its pid.
 """
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -113,7 +117,7 @@ class Fleet:
 def _variant(tmp: Path) -> Path:
     """deployments/prefect.yaml for this machine: the CPU cell only, and one GPU pool to be refused in."""
     config = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
-    keep = {"cpu", "gpu-cu132", "small-convnet-nightly", MODEL, "manual"}
+    keep = {"cpu", "gpu-cu132", "small-convnet-nightly", MODEL, "manual", "staging"}
     config["deployments"] = [d for d in config["deployments"] if d["name"] in keep]
     for deployment in config["deployments"]:
         params = deployment.get("parameters", {})
@@ -273,7 +277,9 @@ def test_retrain_event_builds_the_new_weights(fleet: Fleet, tmp_path: Path) -> N
     assert manifest.weights_sha256 == sha and manifest.validation.passed
     staging = read_alias(store, MODEL, "staging")
     assert staging is not None, "the retrain did not move staging"
-    assert staging[0].bundle_key() == key and staging[0].validation_passed and staging[0].previous is None
+    assert staging[0].bundle_key() == key and staging[0].validation_passed
+    # Before: nothing, or a bundle the staging automation moved it to on an earlier publish.
+    assert staging[0].previous is None or staging[0].previous.version != version
 
 
 def test_worker_refuses_a_run_for_a_channel_it_lacks(fleet: Fleet) -> None:
@@ -308,3 +314,82 @@ def test_a_crashing_build_fails_its_run_and_the_worker_takes_the_next(fleet: Fle
     assert after.state.is_completed(), f"{after.state.message}\n{_tail(fleet.home / 'worker-cpu.log')}"
     published = {o.key.split("/")[1] for o in open_store(fleet.store).list(f"{MODEL}/")}
     assert "after-crash" in published and "crashes" not in published
+
+
+def _runs_of(fleet: Fleet, deployment: str) -> list[Any]:
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with _client(fleet) as client:
+        dep = client.read_deployment_by_name(deployment)
+        return client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])))
+
+
+def test_a_publish_event_moves_staging(fleet: Fleet) -> None:
+    spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["definitions"]["small_convnet_spec"]
+    built = _wait_final(fleet, _run(fleet, "build-bundle/cpu", {"spec": {**spec, "version": "by-event"},
+                                                                  "store": fleet.store}), 240)
+    assert built.state.is_completed(), f"{built.state.message}\n{_tail(fleet.home / 'worker-cpu.log')}"
+    key = BundleKey(name=MODEL, version="by-event", target="xnnpack", compat=f"cpu-xnnpack-{os.uname().machine}")
+    deadline = time.monotonic() + 240
+    store = open_store(fleet.store)
+    while True:
+        # The trigger's run is the one whose parameters came from this bundle's published event.
+        runs = [r for r in _runs_of(fleet, "promote-bundle/staging") if r.parameters.get("version") == "by-event"]
+        if runs and runs[0].state and runs[0].state.is_final():
+            break
+        assert time.monotonic() < deadline, f"no staging run finished for by-event:\n{_tail(fleet.home / 'worker-cpu.log')}"
+        time.sleep(1)
+    (run,) = runs
+    assert run.state.is_completed(), f"{run.state.message}\n{_tail(fleet.home / 'worker-cpu.log')}"
+    assert run.parameters["compat"] == key.compat and run.parameters["target"] == "xnnpack"
+    assert run.parameters["name"] == MODEL and run.parameters["alias"] == "staging"
+    staging = read_alias(store, MODEL, "staging")
+    assert staging is not None and staging[0].bundle_key() == key, "the publish event did not move staging"
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    received: list[bytes] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server API
+        _Hook.received.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_failed_validation_notifies_the_configured_block(fleet: Fleet, tmp_path: Path) -> None:
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with _client(fleet):
+            CustomWebhookNotificationBlock(name="e2e", url=f"http://127.0.0.1:{server.server_port}/hook",
+                                           json_data={"text": "{{subject}}\n{{body}}"}).save("e2e-alerts", overwrite=True)
+        env = {**fleet.env, "PREFECT_EXECUTORCH_NOTIFY_BLOCK": "custom-webhook/e2e-alerts"}
+        deployed = subprocess.run([*CLI, "deploy", "--prefect-file", str(_variant(tmp_path)), "--name",
+                                   "manual"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        assert "automation prefect-executorch-validation-failed" in deployed.stdout
+        with _client(fleet) as client:
+            (automation,) = client.read_automations_by_name("prefect-executorch-validation-failed")
+        assert automation.actions[0].type == "send-notification"
+
+        # Zero tolerance on portable kernels: the build fails its validation, nothing is published.
+        tight = {"name": MODEL, "version": "too-tight", "model": f"{ROOT / 'tests' / 'models.py'}:mixed",
+                 "target": {"kind": "portable"},
+                 "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 16]}]}},
+                 "validation": {"samples": 1, "latency_runs": 0, "outputs": {"['logits']": {"atol": 0, "rtol": 0}}}}
+        failed = _wait_final(fleet, _run(fleet, "build-bundle/cpu", {"spec": tight, "store": fleet.store}), 240)
+        assert failed.state.is_failed() and "ValidationFailed" in failed.state.message
+        deadline = time.monotonic() + 120
+        while not _Hook.received:
+            assert time.monotonic() < deadline, f"no notification:\n{_tail(fleet.home / 'server.log')}"
+            time.sleep(1)
+        text = json.loads(_Hook.received[0])["text"]
+        assert "validation failed for small-convnet too-tight portable/" in text and "atol=0" in text
+        assert not [o.key for o in open_store(fleet.store).list(f"{MODEL}/too-tight/")]
+    finally:
+        server.shutdown()

@@ -435,20 +435,35 @@ def promote(
     alias: str = typer.Option(..., "--alias", help="Alias to move (prod, staging...)."),
     target: Optional[str] = typer.Option(None, "--target", help="Bundle target, if the version has several."),
     compat: Optional[str] = typer.Option(None, "--compat", help="Bundle compat key, if the version has several."),
-    force: bool = typer.Option(False, "--force", help="Promote although validation failed (recorded in the alias)."),
+    force: bool = typer.Option(
+        False, "--force", help="Promote over a failed validation or side-by-side gate (recorded in the alias)."),
     expect_version: Optional[str] = typer.Option(
         None, "--expect-version", help="Only move the alias if it points at this version now."),
+    max_latency_regression: float = typer.Option(
+        0.10, "--max-latency-regression", min=0.0, help="Refuse a candidate whose p50 is this much slower than the alias's (0.1: 10%)."),
+    allow_output_change: bool = typer.Option(
+        False, "--allow-output-change", help="New weights: gate latency only (the output comparison is still recorded)."),
+    spec_file: Optional[Path] = typer.Option(
+        None, "--spec", help="Spec whose validation tolerances and latency settings the side-by-side uses."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
     endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
-    """Point an alias at a validated bundle (compare-and-swap; a concurrent move makes this fail)."""
-    from prefect_executorch.artifacts.aliases import promote as promote_alias
+    """Point an alias at a validated bundle that agrees with and is no slower than the alias's (compare-and-swap)."""
+    from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
+    from prefect_executorch.spec import ValidationSpec, load_spec
 
-    record = promote_alias(_open(store, endpoint_url), name, version, alias, target=target, compat=compat,
-                           force=force, expect_version=expect_version)
+    request = PromotionRequest(
+        name=name, version=version, alias=alias, target=target, compat=compat, force=force,
+        expect_version=expect_version, max_latency_regression=max_latency_regression,
+        allow_output_change=allow_output_change, validation=load_spec(spec_file).validation if spec_file else ValidationSpec())
+    record = promote_checked(_open(store, endpoint_url), request)
+    if record.comparison is not None:
+        console.print(_rows_table(f"{alias}: {version} beside the bundle it held", record.comparison.rows()))
     before = record.previous
     was = f" (was {before.version} {before.target}/{before.compat})" if before else ""
     console.print(f"[bold green]promoted[/] {record.describe()}{was}")
+    for line in record.overridden:
+        console.print(f"[yellow]forced over:[/] {escape(line)}")
 
 
 @app.command("ls")
@@ -531,8 +546,10 @@ def deploy(
                                         help="Bundle store the deployments publish to ({{ $PREFECT_EXECUTORCH_STORE }})."),
     name: list[str] = typer.Option([], "--name", help="Deploy only these 'flow/deployment' names (default: all)."),
     project_dir: Path = typer.Option(Path("."), "--project-dir", help="Where runs start (relative model paths resolve here)."),
+    automations: Optional[Path] = typer.Option(
+        Path("deployments/automations.yaml"), "--automations", help="Automations to apply after the deployments."),
 ) -> None:
-    """Create the work pools and queues the deployments need, then `prefect deploy` them."""
+    """Create the work pools and queues the deployments need, `prefect deploy` them, then apply the automations."""
     from prefect_executorch.errors import SpecError
     from prefect_executorch.fleet import plan_pools, prepare_pools, run_prefect_deploy
 
@@ -543,6 +560,13 @@ def deploy(
     for line in prepare_pools(plans):
         console.print(f"created {line}")
     run_prefect_deploy(prefect_file, project_dir, name)
+    if automations is not None and automations.exists():
+        from prefect_executorch.automations import apply_automations_file
+
+        for line in apply_automations_file(automations):
+            console.print(line)
+    elif automations is not None:
+        console.print(f"no automations file at {automations}: none applied")
     console.print(f"[bold green]deployed[/] {', '.join(name) if name else 'all deployments of ' + str(prefect_file)}"
                   f" to pools {', '.join(p.name for p in plans)}")
 
@@ -597,7 +621,8 @@ def retrain(
     weights: str = typer.Option(..., "--weights", help="New state dict: s3://bucket/key or a path the workers can read."),
     sha256: Optional[str] = typer.Option(None, "--sha256", help="Expected sha256 of the weights (default: computed from a local file)."),
     version: Optional[str] = typer.Option(None, "--version", help="Version to publish (default: <spec version>-<sha256[:12]>)."),
-    reason: str = typer.Option("", "--reason", help="Free text, e.g. the training run id."),
+    reason: str = typer.Option("", "--reason", help="Free text: why the model was retrained."),
+    training_run: Optional[str] = typer.Option(None, "--training-run", help="Id of the training run (the bundle's lineage)."),
 ) -> None:
     """Emit `model.retrain.requested` for NAME: the hook a training pipeline calls when new weights are ready."""
     from prefect.settings import PREFECT_API_URL
@@ -611,7 +636,7 @@ def retrain(
     if sha256 is None and "://" not in weights and Path(weights).is_file():
         sha256 = sha256_file(weights)
     request = parse_request({"name": name, "weights_uri": weights, "weights_sha256": sha256, "version": version,
-                             "reason": reason})
+                             "reason": reason, "training_run": training_run})
     event_id = emit_retrain(request)
     console.print(f"emitted {EVENT} for {request.resource_id} (event {event_id})")
 

@@ -45,6 +45,10 @@ class ValidationFailed(PrefectExecutorchError):
     """The exported program does not match eager PyTorch within the spec's tolerances."""
 
 
+class PromotionRefused(PrefectExecutorchError):
+    """The candidate disagrees with, or is slower than, the bundle its alias serves now."""
+
+
 class BundleConflict(PrefectExecutorchError):
     """A bundle (or alias) already exists where a new one was to be written."""
 

@@ -6,6 +6,7 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.quantization import QuantizationFacts
+from prefect_executorch.latency import LatencyStats
 
 
 class OutputComparison(BaseModel):
@@ -84,6 +85,9 @@ class LatencyResult(BaseModel):
     program_p90_ms: float
     ratio: float = Field(description="Program median / eager median.")
     synchronized: bool = Field(False, description="Each timed CUDA call waited for the device (both sides).")
+    stable: bool = Field(default=True, description="Whether both figures settled before the time cap.")
+    eager: LatencyStats | None = Field(default=None, description="Eager's windows and percentiles.")
+    program: LatencyStats | None = Field(default=None, description="The program's windows and percentiles.")
 
 
 class GateResult(BaseModel):

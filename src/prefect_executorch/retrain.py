@@ -28,7 +28,8 @@ class RetrainRequest(BaseModel):
     weights_uri: str = Field(description="New state dict: s3://bucket/key or a path the workers can read.")
     weights_sha256: str | None = Field(None, description="Expected sha256 of the weights; the fetch refuses other bytes.")
     version: str | None = Field(None, description="Version to publish; default '<spec version>-<sha256[:12]>'.")
-    reason: str = Field("", description="Free text for humans, e.g. the training run that produced the weights.")
+    reason: str = Field("", description="Free text for humans, e.g. why the model was retrained.")
+    training_run: str | None = Field(None, description="Id of the training run that produced the weights (the bundle's lineage).")
     requested_by: str = Field(default_factory=user_at_host, description="user@host that emitted the request.")
 
     @field_validator("name", "version")

@@ -342,7 +342,8 @@ class ValidationSpec(StrictModel):
     )
     samples: int = Field(default=2, ge=1, le=1000, description="Seeded random input draws per shape.")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Seed of the random inputs (torch.Generator).")
-    latency_runs: int = Field(default=5, ge=0, le=100_000, description="Timed warm runs of eager and program per method.")
+    latency_runs: int = Field(default=5, ge=0, le=100_000, description="Timed warm runs per latency window (at least); 0: no timing.")
+    latency_max_s: float = Field(default=5, gt=0, le=3600, description="Time cap of the latency windows of one method (they stop earlier once stable).")
     latency_warmup: int = Field(default=2, ge=0, le=1000, description="Untimed runs before the timed ones.")
     max_latency_ratio: float | None = Field(default=None, gt=0, description="Gate: program median latency / eager median latency must not exceed this."
     )
@@ -503,6 +504,15 @@ class QuantizationSpec(StrictModel):
         return self.group_size or DEFAULT_GROUP_SIZE
 
 
+class ModelCard(StrictModel):
+    """A model card: copied into the bundle's manifest and rendered in its validation report."""
+
+    description: str = Field(description="What the model does, in a sentence or two.")
+    license: str | None = Field(default=None, description="The weights' license, e.g. 'Apache-2.0'.")
+    intended_use: str | None = Field(default=None, description="What the model is meant (and not meant) for.")
+    limitations: str | None = Field(default=None, description="Known failure modes and gaps.")
+
+
 class BuildSpec(StrictModel):
     """Everything one build needs; loadable from YAML or JSON."""
 
@@ -515,6 +525,7 @@ class BuildSpec(StrictModel):
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     external_weights: bool = Field(False, description="Store weights in a .ptd beside the .pte.")
     quantization: QuantizationSpec | None = Field(None, description="Quantize before lowering (docs/quantization.md).")
+    card: ModelCard | None = Field(None, description="Optional model card, copied into the manifest.")
     export_timeout_s: float = Field(1800, gt=0, description="Wall-time limit of the export child process.")
     export_memory_limit_mib: int | None = Field(
         None, ge=1024, description="Memory bound of the export child (MiB): address space on CPU targets, resident "

@@ -8,7 +8,6 @@ modules only (no ``executorch.exir``).
 from __future__ import annotations
 
 import signal
-import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import ChildProcessFailed, SpecError, ValidationFailed
 from prefect_executorch.inputs import load_dataset, load_samples_file, random_inputs, shape_points
 from prefect_executorch.isolation import run_isolated
+from prefect_executorch.latency import measure_together
 from prefect_executorch.modelref import load_model, method_callable
 from prefect_executorch.quantization import quantized_methods
 from prefect_executorch.report import CaseResult, GateResult, LatencyResult, ValidationReport
@@ -81,37 +81,24 @@ def synchronized(call: Callable[[], Any], device: str) -> Callable[[], Any]:
     return run
 
 
-def _timed(call: Callable[[], Any], runs: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        call()
-        times.append((time.perf_counter() - started) * 1000)
-    return times
-
-
-def _p90(times: list[float]) -> float:
-    return statistics.quantiles(times, n=10, method="inclusive")[8] if len(times) > 1 else times[0]
-
-
 def measure_latency(
     name: str, label: str, eager: Callable[[], Any], program: Callable[[], Any], shapes: list[list[int]],
-    runs: int, warmup: int, device: str = "cpu",
+    validation: ValidationSpec, device: str = "cpu",
 ) -> LatencyResult:
-    """Median and p90 of warm runs of eager and of the program, one after the other in this process.
+    """Windowed warm latency of eager and of the program, their windows interleaved in this process.
 
     On a CUDA ``device`` both sides are synchronised after every call, so each time covers the work.
     """
-    eager_ms = _timed(synchronized(eager, device), runs, warmup)
-    program_ms = _timed(synchronized(program, device), runs, warmup)
-    eager_median, program_median = statistics.median(eager_ms), statistics.median(program_ms)
+    eager_stats, program_stats = measure_together(
+        [synchronized(eager, device), synchronized(program, device)], min_runs=validation.latency_runs,
+        warmup=validation.latency_warmup, max_seconds=validation.latency_max_s,
+    )
     return LatencyResult(
-        method=name, shape_label=label, input_shapes=shapes, runs=runs,
-        eager_median_ms=eager_median, eager_p90_ms=_p90(eager_ms),
-        program_median_ms=program_median, program_p90_ms=_p90(program_ms),
-        ratio=program_median / eager_median if eager_median > 0 else float("inf"),
+        method=name, shape_label=label, input_shapes=shapes, runs=program_stats.runs,
+        eager_median_ms=eager_stats.p50_ms, eager_p90_ms=eager_stats.p90_ms,
+        program_median_ms=program_stats.p50_ms, program_p90_ms=program_stats.p90_ms,
+        ratio=program_stats.p50_ms / eager_stats.p50_ms if eager_stats.p50_ms > 0 else float("inf"),
+        stable=eager_stats.stable and program_stats.stable, eager=eager_stats, program=program_stats,
         synchronized=device.startswith("cuda"),
     )
 
@@ -146,7 +133,8 @@ def check_gates(
                 continue
             detail = (f"program median {result.program_median_ms:.3g} ms / eager median {result.eager_median_ms:.3g} ms "
                       f"= {result.ratio:.3g}, {'<=' if result.ratio <= limit else 'above'} {limit:g} "
-                      f"({result.runs} runs at {result.shape_label} {result.input_shapes})")
+                      f"({result.runs} runs at {result.shape_label} {result.input_shapes}"
+                      f"{'' if result.stable else ', NOT stable within validation.latency_max_s'})")
             gates.append(GateResult(gate="max_latency_ratio", method=name, measured=result.ratio, limit=limit,
                                     passed=result.ratio <= limit, detail=detail))
     return gates
@@ -222,7 +210,7 @@ def _validate_method(
         label, inputs, prepared = timing
         latency = measure_latency(
             name, label, lambda: eager(*inputs), lambda: program.execute(name, prepared), [list(t.shape) for t in inputs],
-            spec.validation.latency_runs, spec.validation.latency_warmup, device,
+            spec.validation, device,
         )
     return cases, latency
 

@@ -1,0 +1,111 @@
+"""Promotion with a side-by-side gate: the candidate must agree with, and be no slower than, what the alias serves.
+
+Both bundles are pulled (every byte verified) into a scratch directory and run in one child
+process (``sidebyside``); a latency regression beyond the limit or disagreeing outputs refuse the
+move unless forced, and a forced move records what it overrode in the alias and its history.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from prefect_executorch.artifacts.aliases import AliasRecord, promote, read_alias, select_bundle
+from prefect_executorch.artifacts.manifest import BundleKey, Manifest
+from prefect_executorch.artifacts.registry import pull
+from prefect_executorch.artifacts.store import ObjectStore
+from prefect_executorch.errors import BundleConflict, PromotionRefused
+from prefect_executorch.isolation import run_isolated
+from prefect_executorch.sidebyside import ProgramFiles, SideBySide, SideBySideRequest
+from prefect_executorch.targets import get_target
+from prefect_executorch.spec import MethodSpec, ValidationSpec, check_name
+
+#: Default of ``--max-latency-regression``: the candidate's p50 may be at most 10% above the current one's.
+MAX_LATENCY_REGRESSION = 0.10
+
+
+def _pulled(store: ObjectStore, key: BundleKey, dest: Path, manifest_sha256: str | None) -> tuple[Manifest, ProgramFiles]:
+    manifest = pull(store, key, dest, manifest_sha256=manifest_sha256)
+    return manifest, ProgramFiles(dir=str(dest), program=manifest.program, data_files=manifest.data_files)
+
+
+def compare_bundles(
+    store: ObjectStore, current: AliasRecord, candidate: BundleKey, *, validation: ValidationSpec, scratch_dir: Path
+) -> SideBySide:
+    """Pull the alias's bundle and the candidate, and run them side by side in one child process."""
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".side-by-side-", dir=scratch_dir))
+    try:
+        _, now = _pulled(store, current.bundle_key(), work / "current", current.manifest_sha256)
+        manifest, new = _pulled(store, candidate, work / "candidate", None)
+        methods = {name: MethodSpec(inputs=entry.inputs) for name, entry in manifest.methods.items() if entry.inputs}
+        return run_isolated(
+            "side_by_side", SideBySideRequest(current=now, candidate=new, methods=methods, validation=validation),
+            SideBySide, timeout_s=validation.timeout_s, scratch_dir=work,
+            memory_limit=get_target(candidate.target).memory_limit("validate", validation.memory_limit_mib),
+            what=f"side-by-side of {candidate.prefix} and {current.describe()}",
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+class PromotionRequest(BaseModel):
+    """One move of an alias and the gates it must pass."""
+
+    name: str
+    version: str
+    alias: str
+    target: str | None = Field(default=None, description="The bundle's target, if the version has several.")
+    compat: str | None = Field(default=None, description="The bundle's compat key, if the version has several.")
+    force: bool = Field(default=False, description="Move over a failed validation or side-by-side gate (recorded).")
+    expect_version: str | None = Field(default=None, description="Only move the alias if it points at this version.")
+    max_latency_regression: float = Field(
+        default=MAX_LATENCY_REGRESSION, ge=0, description="Largest allowed candidate p50 / current p50 - 1.")
+    allow_output_change: bool = Field(
+        default=False, description="New weights: outputs differ by design, so only latency is gated.")
+    validation: ValidationSpec = Field(
+        default_factory=ValidationSpec, description="Tolerances and latency settings of the side-by-side.")
+
+
+def promote_checked(
+    store: ObjectStore, request: PromotionRequest, *, scratch_dir: Path | None = None, moved_by: str | None = None
+) -> AliasRecord:
+    """Move the alias to the version if it agrees with and is no slower than the alias's bundle (or ``force``).
+
+    ``allow_output_change`` is for new weights, whose outputs differ by design: only latency is gated
+    then, and the comparison is recorded all the same.
+    """
+    name, version, alias, expect_version = request.name, request.version, request.alias, request.expect_version
+    key = select_bundle(store, name, check_name(version, "version"), request.target, request.compat)
+    found = read_alias(store, name, alias)
+    if found is not None and found[0].bundle_key() == key and expect_version in (None, key.version):
+        return found[0]  # already there: an automation and a retrain may both move it to the same bundle
+    comparison, overridden = None, []
+    if found is not None:
+        current = found[0]
+        with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as default_scratch:
+            comparison = compare_bundles(store, current, key, validation=request.validation,
+                                         scratch_dir=scratch_dir or Path(default_scratch))
+        disagreements = [] if request.allow_output_change else comparison.disagreements()
+        problems = ([f"outputs disagree with {alias}: {line}" for line in disagreements]
+                    + [f"latency regression over {alias}: {line}" for line in
+                       comparison.regressions(request.max_latency_regression)])
+        if problems and not request.force:
+            raise PromotionRefused(
+                f"{key.prefix} cannot take {alias} from {current.version} {current.target}/{current.compat}: "
+                + "; ".join(problems) + "; fix the candidate, raise --max-latency-regression, or pass --force "
+                "(the alias records what was overridden)")
+        overridden = problems
+    # The comparison was made against the alias's bundle of now: move only if nobody moved it meanwhile.
+    expect = expect_version or (found[0].version if found is not None else None)
+    try:
+        return promote(store, name, version, alias, target=key.target, compat=key.compat, force=request.force,
+                       expect_version=expect, moved_by=moved_by, comparison=comparison, overridden=overridden)
+    except BundleConflict:
+        now = read_alias(store, name, alias)
+        if now is not None and now[0].bundle_key() == key:
+            return now[0]  # a concurrent promotion moved it where we wanted it
+        raise

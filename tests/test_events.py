@@ -1,0 +1,82 @@
+"""Prefect events from the tasks, read back from the session's real Prefect API (prefect_test_harness)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect import flow
+
+from helpers import spec_data
+from prefect_executorch.artifacts.store import LocalStore
+from prefect_executorch.errors import ValidationFailed
+from prefect_executorch.flows.build import build_bundle
+from prefect_executorch.flows.promote import promote as promote_flow
+from prefect_executorch.hashing import sha256_file
+from prefect_executorch.spec import parse_spec
+from prefect_executorch.tasks.events import PROMOTED, PUBLISHED, PULLED, VALIDATION_FAILED
+from prefect_executorch.tasks.pull import pull_bundle
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+MLP = {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}
+
+
+def bundle_events(store_url: str, expected: int, timeout_s: float = 60) -> list[Any]:
+    """The prefect-executorch events about bundles of ``store_url``, once ``expected`` of them reached the API."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with get_client(sync_client=True) as client:
+            page = client.read_events(EventFilter(
+                event=EventNameFilter(prefix=["prefect-executorch."]),
+                resource=EventResourceFilter(id_prefix=[f"prefect-executorch.bundle.{store_url}/"])), limit=50)
+        found = [e for e in page.events if e.resource.get("prefect-executorch.store") == store_url]
+        if len(found) >= expected or time.monotonic() > deadline:
+            return sorted(found, key=lambda e: e.occurred)
+        time.sleep(1)
+
+
+@flow
+def pull_in_a_flow(store: str, dest: str) -> None:
+    """The pull task as a deployment runs it."""
+    pull_bundle(store, "mlp", dest, alias="prod")
+
+
+def test_publish_promote_pull_and_a_failed_validation_are_events_about_the_bundle(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    spec = parse_spec(spec_data("mlp", methods=MLP, validation={"samples": 1, "latency_runs": 0}))
+    ref = build_bundle(spec, store=store.url)
+    record = promote_flow("mlp", "1", "prod", store=store.url)
+    pull_in_a_flow(store.url, str(tmp_path / "pulled"))
+    # Zero tolerance on portable kernels: the validation fails and nothing is published.
+    tight = parse_spec(spec_data("mlp", version="2", methods=MLP, target="portable",
+                                 validation={"samples": 1, "latency_runs": 0, "atol": 0, "rtol": 0, "min_cosine": 1}))
+    with pytest.raises(ValidationFailed):
+        build_bundle(tight, store=store.url)
+
+    events = bundle_events(store.url, expected=4)
+    assert [e.event for e in events] == [PUBLISHED, PROMOTED, PULLED, VALIDATION_FAILED]
+    published, promoted, pulled, failed = events
+    bundle_id = f"prefect-executorch.bundle.{store.url}/{ref.key.prefix}"
+    for event in (published, promoted, pulled):
+        assert event.resource.id == bundle_id  # one stable id for every event about the bundle
+        assert event.resource["prefect-executorch.manifest-sha256"] == ref.manifest_sha256
+        assert (event.resource["prefect-executorch.name"], event.resource["prefect-executorch.version"]) == ("mlp", "1")
+        assert event.resource["prefect-executorch.target"] == "xnnpack"
+        assert event.resource["prefect-executorch.compat"] == ref.key.compat
+    assert sha256_file(tmp_path / "pulled" / "manifest.json") == ref.manifest_sha256
+    assert published.payload["validation_passed"] is True and published.payload["manifest_key"] == ref.manifest_key
+    assert published.resource["prefect-executorch.validated"] == "true"  # what the staging trigger matches
+    assert promoted.payload["alias"] == "prod" and promoted.payload["forced"] is False
+    assert promoted.payload["moved_by"] == record.moved_by and promoted.payload["previous"] is None
+    related = {r.role: r.id for r in promoted.related}
+    assert related["alias"] == f"prefect-executorch.alias.{store.url}/mlp/prod"
+    assert related["flow-run"].startswith("prefect.flow-run.")  # Prefect ties it to the promote run
+    assert pulled.payload["alias"] == "prod"
+    assert failed.resource.id.startswith(f"prefect-executorch.bundle.{store.url}/mlp/2/portable/")
+    assert "prefect-executorch.manifest-sha256" not in failed.resource  # nothing was published
+    assert "validation cases failed" in failed.payload["error"]

@@ -1,0 +1,143 @@
+"""Promotion beside the bundle an alias serves: real XNNPACK builds of one model, a slower twin and a different one.
+
+``mlp`` 1 is the baseline; 2 is ``mlp_slow`` (same outputs after a deep detour, several times
+slower); 3 is ``mlp_other`` (same shapes, other weights). Each test uses its own alias.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from helpers import spec_data
+from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, read_alias
+from prefect_executorch.artifacts.manifest import BundleKey
+from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
+from prefect_executorch.artifacts.store import LocalStore
+from prefect_executorch.cli import app
+from prefect_executorch.errors import PromotionRefused
+from prefect_executorch.flows.build import build_bundle
+from prefect_executorch.flows.promote import promote as promote_flow
+from prefect_executorch.report import ValidationReport
+from prefect_executorch.spec import ValidationSpec, parse_spec
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+MLP = {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}
+#: Short latency windows: the slow twin is several times slower, far beyond any noise.
+VALIDATION = {"samples": 1, "latency_runs": 5, "latency_max_s": 2}
+
+
+@dataclass
+class Builds:
+    store: LocalStore
+    keys: dict[str, BundleKey]
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> Builds:
+    store = LocalStore(tmp_path_factory.mktemp("promotion") / "store")
+    keys = {}
+    for version, factory in (("1", "mlp"), ("2", "mlp_slow"), ("3", "mlp_other")):
+        spec = parse_spec(spec_data(factory, name="mlp", version=version, methods=MLP, validation=VALIDATION))
+        keys[version] = build_bundle(spec, store=str(store.root)).key
+    return Builds(store=store, keys=keys)
+
+
+def move(store: LocalStore, version: str, alias: str, moved_by: str | None = None, **gates: Any) -> AliasRecord:
+    """Promote ``mlp`` ``version`` to ``alias`` through the side-by-side gate."""
+    request = PromotionRequest(name="mlp", version=version, alias=alias, **gates)
+    return promote_checked(store, request, moved_by=moved_by)
+
+
+def test_validation_latency_is_windowed_with_percentiles(builds: Builds) -> None:
+    report = ValidationReport.model_validate_json((builds.store.root / builds.keys["1"].prefix / "validation.json")
+                                                  .read_text())
+    (latency,) = report.latency
+    assert latency.eager is not None and latency.program is not None
+    for stats in (latency.eager, latency.program):
+        assert stats.windows >= 3 and stats.runs >= 15
+        assert stats.p50_ms <= stats.p90_ms <= stats.p95_ms <= stats.p99_ms
+    assert latency.program_median_ms == latency.program.p50_ms and latency.runs == latency.program.runs
+    assert latency.stable == (latency.eager.stable and latency.program.stable)
+
+
+def test_an_empty_alias_needs_no_comparison(builds: Builds) -> None:
+    record = move(builds.store, "2", "empty")
+    assert record.comparison is None and not record.forced and record.previous is None
+    # Again to the same bundle (an automation and a retrain may race there): nothing moves, nothing is logged.
+    assert move(builds.store, "2", "empty") == record
+    assert len(alias_history(builds.store, "mlp", "empty")) == 1
+
+
+def test_a_slower_candidate_cannot_take_the_alias_without_force_and_the_force_is_on_record(builds: Builds) -> None:
+    store = builds.store
+    move(store, "1", "prod")
+    with pytest.raises(PromotionRefused, match=r"latency regression over prod: forward: p50 .* \(\+\d+%, limit \+10%"):
+        move(store, "2", "prod")
+    found = read_alias(store, "mlp", "prod")
+    assert found is not None and found[0].version == "1"  # refused: nothing moved
+
+    record = move(store, "2", "prod", force=True, moved_by="alice@ci")
+    assert record.version == "2" and record.forced and record.moved_by == "alice@ci"
+    assert record.previous is not None and record.previous.version == "1"
+    assert len(record.overridden) == 1 and record.overridden[0].startswith("latency regression over prod: forward")
+    assert record.comparison is not None
+    (method,) = record.comparison.methods
+    assert method.disagreeing == 0 and method.cases == ValidationSpec().samples  # same outputs: only latency overridden
+    assert method.regression is not None and method.regression > 0.10
+    history = alias_history(store, "mlp", "prod")
+    assert [h.version for h in history] == ["1", "2"]
+    assert history[-1].forced and history[-1].overridden == record.overridden and history[-1].moved_by == "alice@ci"
+
+
+def test_a_looser_regression_limit_lets_the_slower_candidate_through(builds: Builds) -> None:
+    move(builds.store, "1", "loose")
+    record = move(builds.store, "2", "loose", max_latency_regression=1000)
+    assert record.version == "2" and not record.forced and record.overridden == []
+    assert record.comparison is not None and record.comparison.disagreements() == []
+
+
+def test_disagreeing_outputs_are_refused_whatever_the_latency(builds: Builds) -> None:
+    move(builds.store, "1", "other")
+    with pytest.raises(PromotionRefused, match=r"outputs disagree with other: forward: 2 of 2 inputs disagree; "
+                                               r"output \[0\] at static .* beyond atol="):
+        move(builds.store, "3", "other", max_latency_regression=1000)
+    # New weights differ by design: only latency is gated, and the disagreement stays on record.
+    record = move(builds.store, "3", "other", allow_output_change=True, max_latency_regression=1000)
+    assert record.version == "3" and not record.forced and record.comparison is not None
+    assert record.comparison.disagreements()[0].startswith("forward: 2 of 2 inputs disagree")
+
+
+def test_cli_refuses_with_one_message_and_records_force(builds: Builds) -> None:
+    runner = CliRunner(env={"COLUMNS": "300"})
+    store = str(builds.store.root)
+    assert runner.invoke(app, ["promote", "mlp", "1", "--alias", "cli", "--store", store]).exit_code == 0
+    negative = runner.invoke(app, ["promote", "mlp", "3", "--alias", "cli", "--max-latency-regression", "-0.5",
+                                   "--store", store])
+    assert negative.exit_code == 2 and "max-latency-regression" in negative.output
+    refused = runner.invoke(app, ["promote", "mlp", "3", "--alias", "cli", "--store", store])
+    assert refused.exit_code == 1 and "PromotionRefused" in refused.output and "Traceback" not in refused.output
+    assert "outputs disagree with cli" in refused.output and "pass --force" in refused.output
+    forced = runner.invoke(app, ["promote", "mlp", "3", "--alias", "cli", "--force", "--store", store])
+    assert forced.exit_code == 0, forced.output
+    assert "forced over: outputs disagree with cli" in forced.output and "disagreeing" in forced.output
+    found = read_alias(builds.store, "mlp", "cli")
+    assert found is not None and found[0].forced and found[0].version == "3"
+
+
+def test_flow_attaches_the_comparison_as_a_table_artifact(builds: Builds) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    move(builds.store, "1", "flow")
+    record = promote_flow("mlp", "2", "flow", store=str(builds.store.root), force=True)
+    assert record.forced
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["promotion-mlp-2-to-flow"])), limit=1)
+    assert artifact.type == "table" and "FORCED" in (artifact.description or "")
+    assert "latency regression" in (artifact.description or "") and "forward" in str(artifact.data)
