@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 
@@ -179,7 +179,7 @@ def promote(
     overrides += overridden or []
     record = AliasRecord(
         name=name, alias=alias, version=key.version, target=key.target, compat=key.compat,
-        manifest_sha256=sha256_bytes(raw), moved_at=datetime.now(timezone.utc), moved_by=moved_by or user_at_host(),
+        manifest_sha256=sha256_bytes(raw), moved_at=datetime.now(UTC), moved_by=moved_by or user_at_host(),
         forced=force and bool(overrides), validation_passed=manifest.validation.passed,
         previous=AliasTarget.model_validate(current[0].model_dump()) if current else None,
         overridden=overrides if force else [], comparison=comparison,

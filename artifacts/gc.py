@@ -8,7 +8,7 @@ unless ``apply``.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel
 
@@ -34,7 +34,7 @@ def gc(store: ObjectStore, name: str | None = None, *, grace: timedelta = DEFAUL
        now: datetime | None = None) -> GcReport:
     """Find (and with ``apply`` remove) orphaned bundle objects and unfinished uploads older than ``grace``."""
     prefix = f"{check_name(name, 'name')}/" if name else ""
-    cutoff = (now or datetime.now(timezone.utc)) - grace
+    cutoff = (now or datetime.now(UTC)) - grace
     groups: dict[str, list[ObjectInfo]] = defaultdict(list)
     for info in store.list(prefix):
         parts = info.key.split("/")

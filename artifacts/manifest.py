@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import getpass
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
@@ -12,11 +12,11 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from prefect_executorch import __version__
 from prefect_executorch.bundled import BundledFacts
 from prefect_executorch.delegation import DelegationFacts
-from prefect_executorch.program import MethodFacts
 from prefect_executorch.errors import SpecError
+from prefect_executorch.lineage import Lineage
+from prefect_executorch.program import MethodFacts
 from prefect_executorch.quantization import QuantizationFacts
 from prefect_executorch.report import ValidationSummary
-from prefect_executorch.lineage import Lineage
 from prefect_executorch.spec import InputSpec, ModelCard, check_name
 from prefect_executorch.toolchain import Toolchain
 
@@ -118,7 +118,7 @@ class Manifest(BaseModel):
     bundled: BundledFacts | None = Field(None, description="The .bpte of the validation cases, or why there is none.")
     lineage: Lineage | None = Field(default=None, description="Sources, git commit, weights and training run.")
     card: ModelCard | None = Field(default=None, description="The spec's model card.")
-    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
     builder: str = Field(default_factory=lambda: f"prefect-executorch {__version__} on {user_at_host()}")
 
     @field_validator("name", "version", "target", "compat")

@@ -6,9 +6,10 @@ import logging
 import os
 import shutil
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -120,7 +121,7 @@ class PublishClaim(BaseModel):
     files_sha256: str = Field(
         description="sha256 over the program and data entries: a retry, or a rerun of the same build, matches.")
     builder: str
-    started: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    started: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
 
 def _files_sha256(manifest: Manifest) -> str:

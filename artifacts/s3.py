@@ -16,9 +16,8 @@ formats a secret into a message or a log line.
 
 from __future__ import annotations
 
-import builtins
-
 import base64
+import builtins
 import hashlib
 import logging
 import math
@@ -27,10 +26,11 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from urllib.parse import urlparse
 
 import boto3
@@ -57,8 +57,8 @@ from prefect_executorch.errors import (
     BundleNotFound,
     IntegrityError,
     ObjectExists,
-    PrefectExecutorchError,
     PreconditionFailed,
+    PrefectExecutorchError,
     SpecError,
     StoreError,
 )

@@ -7,13 +7,12 @@ compare-and-swap for aliases. Keys are ``/``-separated safe segments under the s
 from __future__ import annotations
 
 import builtins
-
 import fcntl
 import hashlib
 import os
 import uuid
 from abc import ABC, abstractmethod
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -105,7 +104,7 @@ class ObjectStore(ABC):
         """Uploads under ``prefix`` that were started and never finished."""
         return []
 
-    def abort_upload(self, upload: IncompleteUpload) -> None:
+    def abort_upload(self, upload: IncompleteUpload) -> None:  # noqa: B027 - a hook: stores without uploads need none
         """Discard an unfinished upload."""
 
     def exists(self, key: str) -> bool:
@@ -221,7 +220,7 @@ class LocalStore(ObjectStore):
         stat = path.stat()
         return ObjectInfo(
             key=key, size=stat.st_size, etag=etag,
-            last_modified=datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc),
+            last_modified=datetime.fromtimestamp(stat.st_mtime, tz=UTC),
         )
 
     def list(self, prefix: str) -> list[ObjectInfo]:
@@ -253,11 +252,11 @@ class LocalStore(ObjectStore):
             return []
         return [
             IncompleteUpload(key=path.relative_to(self.root).as_posix(), upload_id=path.name,
-                             started=datetime.fromtimestamp(path.stat().st_mtime, tz=timezone.utc))
+                             started=datetime.fromtimestamp(path.stat().st_mtime, tz=UTC))
             for path in sorted(base.rglob(f"{_TMP_PREFIX}*")) if path.is_file()
         ]
 
-    def abort_upload(self, upload: IncompleteUpload) -> None:
+    def abort_upload(self, upload: IncompleteUpload) -> None:  # noqa: B027 - a hook: stores without uploads need none
         path = self.root / upload.key
         if path.name.startswith(_TMP_PREFIX):
             path.unlink(missing_ok=True)

@@ -7,7 +7,7 @@ children fork from a server started once, so they would not see a variable set l
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

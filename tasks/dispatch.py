@@ -77,7 +77,7 @@ def summarize_matrix(spec: BuildSpec, cells: list[MatrixCell], states: list[Stat
     Pass ``states`` wrapped in ``prefect.utilities.annotations.quote`` so failed ones reach this task.
     """
     rows, refs, failures = [], [], []
-    for cell, state in zip(cells, states):
+    for cell, state in zip(cells, states, strict=False):
         if state.is_completed():
             ref = BundleRef.model_validate(state.result())
             refs.append(ref)

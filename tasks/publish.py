@@ -9,8 +9,8 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.registry import BundleRef, prepare_bundle, publish
 from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.exporter import ExportedProgramDir
-from prefect_executorch.progress import stage
 from prefect_executorch.lineage import collect_lineage
+from prefect_executorch.progress import stage
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.tasks.events import PUBLISHED, emit_bundle_event

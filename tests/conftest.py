@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,6 +26,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
 
 from helpers import fresh_store, set_aws_env, spec_data  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:

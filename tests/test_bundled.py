@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import spec_data
 
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, Manifest
 from prefect_executorch.artifacts.registry import file_entries, publish, verify_bundle_dir
@@ -21,6 +20,8 @@ from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import parse_spec
+
+from helpers import spec_data
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

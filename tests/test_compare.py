@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, treespec_dumps
 
-from helpers import spec_data
 from prefect_executorch.artifacts.locate import parse_manifest_url, resolve_published
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.compare import compare_outputs, limits_for
@@ -20,6 +19,8 @@ from prefect_executorch.program import read_program
 from prefect_executorch.report import LatencyResult
 from prefect_executorch.spec import InputSpec, ValidationSpec, parse_spec
 from prefect_executorch.validator import check_gates
+
+from helpers import spec_data
 
 
 def _error(**overrides: object) -> str:

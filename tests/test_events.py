@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from prefect import flow
 
-from helpers import spec_data
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.flows.build import build_bundle
@@ -18,6 +17,8 @@ from prefect_executorch.hashing import sha256_file
 from prefect_executorch.spec import parse_spec
 from prefect_executorch.tasks.events import PROMOTED, PUBLISHED, PULLED, VALIDATION_FAILED
 from prefect_executorch.tasks.pull import pull_bundle
+
+from helpers import spec_data
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 MLP = {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}

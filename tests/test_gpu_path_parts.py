@@ -11,7 +11,7 @@ import pytest
 from prefect_executorch.apisource import DirectoryRoot, Sources, installed_root
 from prefect_executorch.calls import Call, LiveSources, check_calls
 from prefect_executorch.errors import ChildProcessFailed, ExportFailed
-from prefect_executorch.exporter import ExportRequest, ExportedProgramDir, export_program
+from prefect_executorch.exporter import ExportedProgramDir, ExportRequest, export_program
 from prefect_executorch.isolation import MemoryLimit, run_isolated
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.targets import get_target

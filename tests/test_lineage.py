@@ -6,11 +6,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import models
 import pytest
 import torch
 
-from helpers import MODELS, spec_data
 from prefect_executorch.artifacts.aliases import read_alias
 from prefect_executorch.artifacts.registry import list_bundles, read_manifest
 from prefect_executorch.artifacts.reports import artifact_key
@@ -19,6 +17,9 @@ from prefect_executorch.errors import SpecError
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.lineage import collect_lineage
 from prefect_executorch.spec import parse_spec
+
+import models
+from helpers import MODELS, spec_data
 
 MLP = {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}
 CARD = {"description": "A two-layer MLP for the tests.", "license": "Apache-2.0",

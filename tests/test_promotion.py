@@ -7,13 +7,11 @@ slower); 3 is ``mlp_other`` (same shapes, other weights). Each test uses its own
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from helpers import spec_data
 from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, read_alias
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
@@ -24,6 +22,8 @@ from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import ValidationSpec, parse_spec
+
+from helpers import spec_data
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 MLP = {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}

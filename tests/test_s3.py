@@ -8,15 +8,15 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 from prefect import flow
-from helpers import fresh_store, set_aws_env, spec_data
 from test_build import check_bundle_runs
 from typer.testing import CliRunner
 
@@ -51,6 +51,8 @@ from prefect_executorch.spec import BuildSpec, parse_spec
 from prefect_executorch.tasks.pull import pull_bundle
 from prefect_executorch.testing.seaweedfs import SeaweedS3, free_port
 from prefect_executorch.toolchain import GpuInfo, Toolchain, probe
+
+from helpers import fresh_store, set_aws_env, spec_data
 
 pytestmark = pytest.mark.s3
 MiB = 2**20
@@ -96,7 +98,7 @@ def synthetic(root: Path, built: Built, version: str, *, ptd: bytes | None = Non
     manifest = built.manifest.model_copy(update={
         "version": version, "files": file_entries(bundle, "model.pte", data_files, []), "data_files": data_files,
         "validation": validation, "compat": compat or built.manifest.compat, "target": target or built.manifest.target,
-        "created_at": datetime.now(timezone.utc),
+        "created_at": datetime.now(UTC),
     })
     return bundle, manifest
 
@@ -359,7 +361,7 @@ def test_gc_removes_only_old_orphans(built: Built, any_store: ObjectStore, tmp_p
         leftover.write_bytes(b"half")
 
     assert gc(any_store).orphans == []  # younger than the 24 h grace: a publish may still be running
-    later = datetime.now(timezone.utc) + timedelta(hours=25)
+    later = datetime.now(UTC) + timedelta(hours=25)
     dry = gc(any_store, now=later)
     assert [o.key for o in dry.orphans] == [stale_claim, orphan.key("model.pte")] and not dry.applied
     assert [u.key for u in dry.uploads] == [unfinished if isinstance(any_store, S3Store) else

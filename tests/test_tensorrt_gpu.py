@@ -20,8 +20,8 @@ from prefect_executorch.spec import BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.tensorrt import DEVICE_OUTPUTS_EXECUTORCH
 from prefect_executorch.toolchain import Toolchain, probe
-from prefect_executorch.versions import older_than
 from prefect_executorch.validator import require_passed, validate_program
+from prefect_executorch.versions import older_than
 
 from helpers import MODELS
 

@@ -12,13 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import models
 import pytest
 import torch
 import yaml
 from typer.testing import CliRunner
 
-from helpers import MODELS, spec_data
 from prefect_executorch.artifacts.aliases import promote
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.registry import verify_bundle_dir
@@ -30,6 +28,9 @@ from prefect_executorch.flows.revalidate import revalidate
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec, load_spec, parse_spec
 from prefect_executorch.validator import require_passed, validate_program
+
+import models
+from helpers import MODELS, spec_data
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -183,7 +183,7 @@ def _check_with_data_map(module: Any, suites: dict[str, Any], name: str, index: 
     expected = _bundled_tensors(case.expected_outputs)
     if len(outputs) != len(expected):
         raise ValidationFailed(f"{len(outputs)} outputs, {len(expected)} expected")
-    for position, (got, want) in enumerate(zip(outputs, expected)):
+    for position, (got, want) in enumerate(zip(outputs, expected, strict=False)):
         if got.shape != want.shape or got.dtype != want.dtype:
             raise ValidationFailed(f"output {position} is {got.dtype} {list(got.shape)}, expected {want.dtype} {list(want.shape)}")
         if not torch.allclose(got, want, rtol=method.rtol, atol=method.atol, equal_nan=True):

@@ -9,8 +9,9 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -103,7 +104,7 @@ def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="
 def build(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help="Directory or s3://bucket/prefix."),
-    output: Optional[Path] = typer.Option(None, "--output", help="Keep export directories here (default: temporary)."),
+    output: Path | None = typer.Option(None, "--output", help="Keep export directories here (default: temporary)."),
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
     from prefect_executorch.spec import load_spec
@@ -126,7 +127,7 @@ def build(
     print_build_summary(ref, view.seconds)
 
 
-def _start_prefect_early(spec: Any, store: str) -> Optional[threading.Thread]:
+def _start_prefect_early(spec: Any, store: str) -> threading.Thread | None:
     """Start Prefect's API in the background when no bundle of this version exists (it cannot be a cache hit).
 
     Its start (the ephemeral server's imports and database, the largest part of a CLI build's overhead)
@@ -162,7 +163,7 @@ class LiveView:
                                   console=err_console, disable=not err_console.is_terminal or _debug())
         self._rows: dict[str, Any] = {}
 
-    def __enter__(self) -> "LiveView":
+    def __enter__(self) -> LiveView:
         self._progress.start()
         return self
 
@@ -186,8 +187,8 @@ def _published_build(spec: Any, store: str) -> Any:
     """An unchanged rebuild's published bundle, found without starting Prefect; a changed one is refused here."""
     from prefect_executorch.artifacts.rebuild import check_rebuild
     from prefect_executorch.artifacts.store import open_store
-    from prefect_executorch.targets import get_target
     from prefect_executorch.progress import stage
+    from prefect_executorch.targets import get_target
     from prefect_executorch.toolchain import probe_isolated
 
     with stage("probe"):
@@ -277,13 +278,13 @@ def _revalidation_notes(spec: Any, manifest: Any) -> None:
 @handle_errors
 def validate(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
-    bundle_dir: Optional[Path] = typer.Argument(None, metavar="BUNDLE_DIR", help="Directory with model.pte (a pulled bundle or an export)."),
-    bundle: Optional[str] = typer.Option(
+    bundle_dir: Path | None = typer.Argument(None, metavar="BUNDLE_DIR", help="Directory with model.pte (a pulled bundle or an export)."),
+    bundle: str | None = typer.Option(
         None, "--bundle", help="A published bundle: <store-url-or-dir>/<name>/<version>/<target>/<compat>/manifest.json; "
         "pulled, verified, then re-validated against the current eager model.",
     ),
-    output: Optional[Path] = typer.Option(None, "--output", help="Pull --bundle under this directory (default: temporary)."),
-    report_path: Optional[Path] = typer.Option(None, "--report", help="Also write the report as JSON to this file."),
+    output: Path | None = typer.Option(None, "--output", help="Pull --bundle under this directory (default: temporary)."),
+    report_path: Path | None = typer.Option(None, "--report", help="Also write the report as JSON to this file."),
 ) -> None:
     """Run a program and the eager model on the same inputs; exit 1 on a mismatch or a failed gate."""
     import shutil
@@ -392,7 +393,7 @@ _STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DE
 _ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
 
 
-def _open(store: str, endpoint_url: Optional[str]) -> Any:
+def _open(store: str, endpoint_url: str | None) -> Any:
     from prefect_executorch.artifacts.store import open_store
 
     return open_store(store, endpoint_url=endpoint_url)
@@ -403,12 +404,12 @@ def _open(store: str, endpoint_url: Optional[str]) -> Any:
 def pull(
     name: str = typer.Argument(..., metavar="NAME", help="Model name."),
     to: Path = typer.Option(..., "--to", help="New directory to create with the verified bundle."),
-    version: Optional[str] = typer.Option(None, "--version", help="Version to pull."),
-    alias: Optional[str] = typer.Option(None, "--alias", help="Alias to pull (prod, staging...)."),
-    target: Optional[str] = typer.Option(None, "--target", help="Only bundles of this target."),
+    version: str | None = typer.Option(None, "--version", help="Version to pull."),
+    alias: str | None = typer.Option(None, "--alias", help="Alias to pull (prod, staging...)."),
+    target: str | None = typer.Option(None, "--target", help="Only bundles of this target."),
     compat: str = typer.Option("auto", "--compat", help="'auto' (fits this machine) or a compat key."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
-    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+    endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
     run_cases: bool = typer.Option(False, "--verify", help="Also run the bundle's test cases (model.bpte) here first."),
 ) -> None:
     """Download a bundle, verify every sha256 and the .pte/.ptd pairing, then move it into place."""
@@ -433,20 +434,20 @@ def promote(
     name: str = typer.Argument(..., metavar="NAME", help="Model name."),
     version: str = typer.Argument(..., metavar="VERSION", help="Version to promote."),
     alias: str = typer.Option(..., "--alias", help="Alias to move (prod, staging...)."),
-    target: Optional[str] = typer.Option(None, "--target", help="Bundle target, if the version has several."),
-    compat: Optional[str] = typer.Option(None, "--compat", help="Bundle compat key, if the version has several."),
+    target: str | None = typer.Option(None, "--target", help="Bundle target, if the version has several."),
+    compat: str | None = typer.Option(None, "--compat", help="Bundle compat key, if the version has several."),
     force: bool = typer.Option(
         False, "--force", help="Promote over a failed validation or side-by-side gate (recorded in the alias)."),
-    expect_version: Optional[str] = typer.Option(
+    expect_version: str | None = typer.Option(
         None, "--expect-version", help="Only move the alias if it points at this version now."),
     max_latency_regression: float = typer.Option(
         0.10, "--max-latency-regression", min=0.0, help="Refuse a candidate whose p50 is this much slower than the alias's (0.1: 10%)."),
     allow_output_change: bool = typer.Option(
         False, "--allow-output-change", help="New weights: gate latency only (the output comparison is still recorded)."),
-    spec_file: Optional[Path] = typer.Option(
+    spec_file: Path | None = typer.Option(
         None, "--spec", help="Spec whose validation tolerances and latency settings the side-by-side uses."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
-    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+    endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
     """Point an alias at a validated bundle that agrees with and is no slower than the alias's (compare-and-swap)."""
     from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
@@ -469,10 +470,10 @@ def promote(
 @app.command("ls")
 @handle_errors
 def ls_command(
-    name: Optional[str] = typer.Argument(None, metavar="NAME", help="Model name (default: list the store's models)."),
+    name: str | None = typer.Argument(None, metavar="NAME", help="Model name (default: list the store's models)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
-    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+    endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
     """List a model's versions, targets, compat keys and aliases; without NAME, the store's models."""
     from prefect_executorch.artifacts.catalog import ls, models, require_model
@@ -506,11 +507,11 @@ def ls_command(
 @app.command("gc")
 @handle_errors
 def gc_command(
-    name: Optional[str] = typer.Argument(None, metavar="NAME", help="Only this model (default: the whole store)."),
+    name: str | None = typer.Argument(None, metavar="NAME", help="Only this model (default: the whole store)."),
     apply: bool = typer.Option(False, "--apply", help="Remove what was found (default: dry run)."),
     grace_hours: float = typer.Option(24.0, "--grace-hours", min=0, help="Leave anything younger than this."),
     store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
-    endpoint_url: Optional[str] = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+    endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
     """Find objects of bundles that never got a manifest, and unfinished uploads, older than the grace period."""
     import math
@@ -542,11 +543,11 @@ def gc_command(
 @handle_errors
 def deploy(
     prefect_file: Path = typer.Option(Path("deployments/prefect.yaml"), "--prefect-file", help="The prefect.yaml to deploy."),
-    store: Optional[str] = typer.Option(None, "--store", envvar=STORE_ENV,
+    store: str | None = typer.Option(None, "--store", envvar=STORE_ENV,
                                         help="Bundle store the deployments publish to ({{ $PREFECT_EXECUTORCH_STORE }})."),
     name: list[str] = typer.Option([], "--name", help="Deploy only these 'flow/deployment' names (default: all)."),
     project_dir: Path = typer.Option(Path("."), "--project-dir", help="Where runs start (relative model paths resolve here)."),
-    automations: Optional[Path] = typer.Option(
+    automations: Path | None = typer.Option(
         Path("deployments/automations.yaml"), "--automations", help="Automations to apply after the deployments."),
 ) -> None:
     """Create the work pools and queues the deployments need, `prefect deploy` them, then apply the automations."""
@@ -576,9 +577,9 @@ def deploy(
 def worker(
     pool: str = typer.Option(..., "--pool", help="Work pool: gpu-cu130, gpu-cu132, gpu-cu134 or cpu."),
     queue: list[str] = typer.Option([], "--queue", help="Queues to poll (default: all of the pool), e.g. sm90."),
-    gpu: Optional[int] = typer.Option(None, "--gpu", help="Pin to this GPU index (one worker per GPU)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Worker name (default: host-channel-sm-trt[-gpuN])."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Most concurrent flow runs."),
+    gpu: int | None = typer.Option(None, "--gpu", help="Pin to this GPU index (one worker per GPU)."),
+    name: str | None = typer.Option(None, "--name", help="Worker name (default: host-channel-sm-trt[-gpuN])."),
+    limit: int | None = typer.Option(None, "--limit", help="Most concurrent flow runs."),
     run_once: bool = typer.Option(False, "--run-once", help="Poll once, wait for the runs, exit."),
     healthcheck: bool = typer.Option(False, "--with-healthcheck", help="Serve /health on 127.0.0.1."),
 ) -> None:
@@ -619,10 +620,10 @@ def worker(
 def retrain(
     name: str = typer.Argument(..., metavar="NAME", help="Model name (the spec's name in its retrain deployment)."),
     weights: str = typer.Option(..., "--weights", help="New state dict: s3://bucket/key or a path the workers can read."),
-    sha256: Optional[str] = typer.Option(None, "--sha256", help="Expected sha256 of the weights (default: computed from a local file)."),
-    version: Optional[str] = typer.Option(None, "--version", help="Version to publish (default: <spec version>-<sha256[:12]>)."),
+    sha256: str | None = typer.Option(None, "--sha256", help="Expected sha256 of the weights (default: computed from a local file)."),
+    version: str | None = typer.Option(None, "--version", help="Version to publish (default: <spec version>-<sha256[:12]>)."),
     reason: str = typer.Option("", "--reason", help="Free text: why the model was retrained."),
-    training_run: Optional[str] = typer.Option(None, "--training-run", help="Id of the training run (the bundle's lineage)."),
+    training_run: str | None = typer.Option(None, "--training-run", help="Id of the training run (the bundle's lineage)."),
 ) -> None:
     """Emit `model.retrain.requested` for NAME: the hook a training pipeline calls when new weights are ready."""
     from prefect.settings import PREFECT_API_URL

@@ -34,7 +34,7 @@ def program_outputs_with_paths(outputs: list[Any], output_spec: str | None) -> l
     """The program's flat outputs with the paths of the structure the program recorded; None if unknown."""
     if not output_spec:
         return None
-    from torch.utils._pytree import treespec_loads, tree_unflatten
+    from torch.utils._pytree import tree_unflatten, treespec_loads
 
     try:
         spec = treespec_loads(output_spec)
@@ -188,7 +188,7 @@ def compare_outputs(
     if got is None:
         if len(actual) != len(want):
             return [_failed("*", f"program returned {len(actual)} outputs, eager returned {len(want)}")]
-        got = [(path, value) for (path, _), value in zip(want, actual)]
+        got = [(path, value) for (path, _), value in zip(want, actual, strict=False)]
     got_by_path = dict(got)
     results = []
     for path, value in want:

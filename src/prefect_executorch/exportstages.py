@@ -7,7 +7,8 @@ that every operator left to ExecuTorch's kernels has a kernel in the target's ru
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect_executorch.errors import ExportFailed
 from prefect_executorch.spec import FLOAT_DTYPES, MethodSpec

@@ -89,7 +89,7 @@ def random_tensor(spec: InputSpec, shape: list[int], generator: torch.Generator)
 
 def random_inputs(method: MethodSpec, shapes: Shapes, generator: torch.Generator) -> tuple[torch.Tensor, ...]:
     """One tuple of inputs for ``method`` at ``shapes``."""
-    return tuple(random_tensor(spec, shape, generator) for spec, shape in zip(method.inputs, shapes))
+    return tuple(random_tensor(spec, shape, generator) for spec, shape in zip(method.inputs, shapes, strict=False))
 
 
 def example_inputs(method: MethodSpec, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -110,7 +110,7 @@ def check_sample(method: MethodSpec, sample: Any, where: str) -> tuple[torch.Ten
     if len(values) != len(method.inputs):
         names = [i.name for i in method.inputs]
         raise SpecError(f"{where}: {len(values)} tensors for {len(names)} inputs {names}; give one tensor per input")
-    for tensor, spec in zip(values, method.inputs):
+    for tensor, spec in zip(values, method.inputs, strict=False):
         dtype = str(tensor.dtype).removeprefix("torch.")
         if dtype != spec.dtype or not spec.accepts_shape(tuple(tensor.shape)):
             raise SpecError(

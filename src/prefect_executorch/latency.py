@@ -110,7 +110,7 @@ def measure_together(
             timer.window()
         settled = [agree(timer.medians()) for timer in timers]
         if all(settled) or time.monotonic() >= deadline:
-            return [timer.stats(stable) for timer, stable in zip(timers, settled)]
+            return [timer.stats(stable) for timer, stable in zip(timers, settled, strict=False)]
 
 
 def measure(call: Callable[[], Any], *, min_runs: int = 5, warmup: int = 2, max_seconds: float = 5.0) -> LatencyStats:

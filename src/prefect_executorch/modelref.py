@@ -7,9 +7,9 @@ import importlib
 import importlib.util
 import pickle
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import SpecError
 

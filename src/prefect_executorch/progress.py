@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 #: Called with (stage, event, seconds): event is "start", "done" or "failed"; seconds since the stage's start.
 Listener = Callable[[str, str, float], None]

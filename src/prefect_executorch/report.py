@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from prefect_executorch.delegation import DelegationFacts
-from prefect_executorch.quantization import QuantizationFacts
 from prefect_executorch.latency import LatencyStats
+from prefect_executorch.quantization import QuantizationFacts
 
 
 class OutputComparison(BaseModel):

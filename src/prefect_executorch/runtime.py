@@ -90,7 +90,7 @@ class LoadedProgram:
         declared = self.facts[method].inputs
         if len(inputs) != len(declared):
             raise ValidationFailed(f"method {method!r} takes {len(declared)} inputs, got {len(inputs)}")
-        for index, (tensor, want) in enumerate(zip(inputs, declared)):
+        for index, (tensor, want) in enumerate(zip(inputs, declared, strict=False)):
             if want is None:
                 continue
             spec = specs[index] if specs and index < len(specs) else None
@@ -103,7 +103,7 @@ class LoadedProgram:
             else:
                 expected = f"{'at most ' if want.dynamic else ''}{want.sizes}"
                 fits = tensor.dim() == len(want.sizes) and all(
-                    (size <= bound) if want.dynamic else (size == bound) for size, bound in zip(tensor.shape, want.sizes)
+                    (size <= bound) if want.dynamic else (size == bound) for size, bound in zip(tensor.shape, want.sizes, strict=False)
                 )
             if got_dtype != want.dtype or not fits:
                 raise ValidationFailed(

@@ -9,7 +9,7 @@ import keyword
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -251,7 +251,7 @@ class InputSpec(StrictModel):
 
     def accepts_shape(self, shape: list[int] | tuple[int, ...]) -> bool:
         """Whether ``shape`` has this input's rank and every size lies within its bounds."""
-        return len(shape) == len(self.shape) and all(lo <= s <= hi for s, (lo, hi) in zip(shape, self.bounds()))
+        return len(shape) == len(self.shape) and all(lo <= s <= hi for s, (lo, hi) in zip(shape, self.bounds(), strict=False))
 
 
 class MethodSpec(StrictModel):
@@ -407,7 +407,7 @@ TENSORRT_OWNED_COMPILE_KEYWORDS = {
     "autocast_low_precision_type": "set target.precision",
 }
 
-CompileValue = Union[bool, int, float, str, list[str]]
+CompileValue = bool | int | float | str | list[str]
 
 
 class TensorRTTarget(StrictModel):
@@ -457,7 +457,7 @@ class TensorRTTarget(StrictModel):
         return options
 
 
-TargetSpec = Annotated[Union[XnnpackTarget, PortableTarget, TensorRTTarget], Field(discriminator="kind")]
+TargetSpec = Annotated[XnnpackTarget | PortableTarget | TensorRTTarget, Field(discriminator="kind")]
 
 
 class CalibrationSpec(StrictModel):
@@ -561,7 +561,7 @@ class BuildSpec(StrictModel):
                 where = f"validation.methods.{name}.extra_shapes[{index}]"
                 if len(shapes) != len(inputs):
                     raise ValueError(f"{where}: {len(shapes)} shapes for {len(inputs)} inputs; give one shape per input")
-                for shape, spec in zip(shapes, inputs):
+                for shape, spec in zip(shapes, inputs, strict=False):
                     if not spec.accepts_shape(shape):
                         raise ValueError(
                             f"{where}: input {spec.name!r} shape {shape} is outside {spec.describe_shape()}; "

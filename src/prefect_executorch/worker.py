@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import anyio.abc
 from prefect.client.schemas.objects import FlowRun
@@ -44,10 +44,10 @@ _INSTALL_HELP = "The channel's install command, quoted when a worker lacks the t
 class ExecutorchJobConfiguration(ProcessJobConfiguration):
     """Process job configuration plus what the run needs from its worker."""
 
-    cuda_channel: Optional[str] = Field(default=None, description=_CHANNEL_HELP)
-    sm: Optional[str] = Field(default=None, description=_SM_HELP)
-    tensorrt: Optional[str] = Field(default=None, description=_TRT_HELP)
-    install: Optional[str] = Field(default=None, description=_INSTALL_HELP)
+    cuda_channel: str | None = Field(default=None, description=_CHANNEL_HELP)
+    sm: str | None = Field(default=None, description=_SM_HELP)
+    tensorrt: str | None = Field(default=None, description=_TRT_HELP)
+    install: str | None = Field(default=None, description=_INSTALL_HELP)
 
     def requirements(self) -> dict[str, str | None]:
         """The job variables ``route`` reads."""
@@ -57,10 +57,10 @@ class ExecutorchJobConfiguration(ProcessJobConfiguration):
 class ExecutorchVariables(ProcessVariables):
     """Job variables a pool or deployment may set."""
 
-    cuda_channel: Optional[str] = Field(default=None, description=_CHANNEL_HELP)
-    sm: Optional[str] = Field(default=None, description=_SM_HELP)
-    tensorrt: Optional[str] = Field(default=None, description=_TRT_HELP)
-    install: Optional[str] = Field(default=None, description=_INSTALL_HELP)
+    cuda_channel: str | None = Field(default=None, description=_CHANNEL_HELP)
+    sm: str | None = Field(default=None, description=_SM_HELP)
+    tensorrt: str | None = Field(default=None, description=_TRT_HELP)
+    install: str | None = Field(default=None, description=_INSTALL_HELP)
 
 
 def probe_in_child() -> Toolchain:
@@ -149,7 +149,7 @@ class ExecutorchWorker(ProcessWorker):
         self,
         flow_run: FlowRun,
         configuration: ExecutorchJobConfiguration,  # type: ignore[override]
-        task_status: Optional[anyio.abc.TaskStatus[int]] = None,
+        task_status: anyio.abc.TaskStatus[int] | None = None,
     ) -> ProcessWorkerResult:
         """Refuse a mismatched run (Failed, with the reason), else run it pinned to this worker's GPU."""
         assert self.toolchain is not None, "setup() probes the toolchain before any run"

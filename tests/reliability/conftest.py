@@ -6,18 +6,21 @@ The session ends with a summary table (quoted in README's reliability section).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
-from helpers import spec_data
-from realbundle import SHAPES, RealBundle
 from prefect_executorch.artifacts.registry import prepare_bundle
 from prefect_executorch.exporter import export_program
 from prefect_executorch.spec import parse_spec
 from prefect_executorch.toolchain import probe
 from prefect_executorch.validator import validate_program
+
+from helpers import spec_data
+from realbundle import SHAPES, RealBundle
+
 
 @pytest.fixture(scope="session")
 def real_bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], RealBundle]]:
@@ -89,7 +92,7 @@ def record_parser() -> Callable[[str, int, int], None]:
 def _parser_summary(write: Callable[[str], None]) -> None:
     # A violation fails the test before its row is written, so every written row has 0 violations.
     rows: list[tuple[Any, ...]] = [(r.parser, r.seen, r.refused, r.seen - r.refused, 0) for r in PARSER_RUNS]
-    rows.append(("total", *(sum(column) for column in list(zip(*rows))[1:])))
+    rows.append(("total", *(sum(column) for column in list(zip(*rows, strict=False))[1:])))
     width = max(len(row[0]) for row in rows)
     write("")
     write("parser property tests (a row is written once every generated input kept the invariants)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect_executorch.artifacts.manifest import Manifest
@@ -42,7 +42,7 @@ class RealBundle:
                 (bundle / entry.path).hardlink_to(self.dir / entry.path)
         reports = [e.path for e in self.manifest.files if e.role == "report"]
         manifest = self.manifest.model_copy(update={
-            "version": version or self.manifest.version, "created_at": datetime.now(timezone.utc),
+            "version": version or self.manifest.version, "created_at": datetime.now(UTC),
             "files": file_entries(bundle, self.manifest.program, self.manifest.data_files, reports)})
         return bundle, manifest
 

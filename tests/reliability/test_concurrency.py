@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from prefect import flow
 
-from helpers import spec_data
-from realbundle import SHAPES, RealBundle, store_kind
 from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, promote, read_alias
 from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE
 from prefect_executorch.artifacts.registry import BundleRef, publish, pull, read_manifest, verify_bundle_dir
@@ -23,6 +22,9 @@ from prefect_executorch.tasks.export import export_model
 from prefect_executorch.tasks.probe import probe_toolchain
 from prefect_executorch.tasks.publish import publish_bundle
 from prefect_executorch.tasks.validate import validate_export
+
+from helpers import spec_data
+from realbundle import SHAPES, RealBundle, store_kind
 
 CONTENDERS = 8
 
@@ -89,7 +91,7 @@ def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str],
         contenders = [v for v in versions if v != winners[-1]]
         outcomes = race([lambda v=v, base=winners[-1]: promote(any_store, "convnet", v, "canary", expect_version=base)
                          for v in contenders])
-        won = [v for v, outcome in zip(contenders, outcomes) if isinstance(outcome, AliasRecord)]
+        won = [v for v, outcome in zip(contenders, outcomes, strict=False) if isinstance(outcome, AliasRecord)]
         assert len(won) == 1, outcomes
         assert all(f"convnet {won[0]}" in str(o) for o in outcomes if isinstance(o, BundleConflict))
         winners.append(won[0])
@@ -97,7 +99,7 @@ def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str],
     assert current is not None and current[0].version == winners[-1]
     history = alias_history(any_store, "convnet", "canary")
     assert [h.version for h in history] == winners, "a lost update"
-    assert all(h.previous is not None and h.previous.version == p.version for p, h in zip(history, history[1:]))
+    assert all(h.previous is not None and h.previous.version == p.version for p, h in zip(history, history[1:], strict=False))
     record_fault("concurrency", f"{CONTENDERS} promotions of one alias, {rounds} rounds ({store_kind(any_store)})",
                  injected=rounds * (CONTENDERS - 1))
 
@@ -109,10 +111,10 @@ def build_three_at_once(store: str, output_root: str) -> list[tuple[ExportedProg
     specs = [parse_spec(spec_data(factory, methods={"forward": {"inputs": [{"name": "x", "shape": SHAPES[factory]}]}}))
              for factory in ("convnet", "two_outputs", "mlp")]
     exports = [export_model.submit(spec, Path(output_root)) for spec in specs]
-    reports = [validate_export.submit(spec, export, Path(output_root)) for spec, export in zip(specs, exports)]
+    reports = [validate_export.submit(spec, export, Path(output_root)) for spec, export in zip(specs, exports, strict=False)]
     refs = [publish_bundle.submit(spec, toolchain, export, report, store)
-            for spec, export, report in zip(specs, exports, reports)]
-    return [(export.result(), ref.result()) for export, ref in zip(exports, refs)]
+            for spec, export, report in zip(specs, exports, reports, strict=False)]
+    return [(export.result(), ref.result()) for export, ref in zip(exports, refs, strict=False)]
 
 
 def test_concurrent_builds_in_one_flow_run_share_nothing_on_disk(prefect_harness: None, record_fault: Any,

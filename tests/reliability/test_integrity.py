@@ -4,20 +4,22 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
-from realbundle import RealBundle, store_kind
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, VALIDATION_FILE, BundleKey
 from prefect_executorch.artifacts.registry import BundleRef, publish, pull, signature_key, verify_bundle_dir
 from prefect_executorch.artifacts.signing import SIGNATURE_FILE, SigningSettings, seal
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import IntegrityError, SpecError
+
+from realbundle import RealBundle, store_kind
 
 
 def overwrite(store: ObjectStore, key: str, data: bytes) -> None:

@@ -12,9 +12,10 @@ import json
 import keyword
 import math
 import re
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -272,7 +273,7 @@ def sample_manifest() -> Manifest:
         toolchain={"torch": "2.13.0", "executorch": "1.4.1"}, platform={"os": "linux", "arch": "x86_64"},
         spec_sha256="b" * 64, validation=ValidationSummary(passed=True, cases=2, failed_cases=0,
                                                            shapes={"forward": ["min", "max"]}, worst_max_abs=1.5e-7),
-        created_at=datetime(2026, 12, 3, tzinfo=timezone.utc), builder="prefect-executorch on test@host",
+        created_at=datetime(2026, 12, 3, tzinfo=UTC), builder="prefect-executorch on test@host",
     )
 
 
@@ -358,7 +359,7 @@ def sample_alias() -> AliasRecord:
     """An alias record as promote writes it."""
     return AliasRecord(name="small-convnet", alias="prod", version="1.0.0", target="xnnpack",
                        compat="cpu-xnnpack-x86_64", manifest_sha256="c" * 64,
-                       moved_at=datetime(2026, 12, 3, 12, tzinfo=timezone.utc), moved_by="ci@host",
+                       moved_at=datetime(2026, 12, 3, 12, tzinfo=UTC), moved_by="ci@host",
                        validation_passed=True)
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import boto3
 import pytest
@@ -17,13 +18,14 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from prefect.client.orchestration import get_client
 from prefect.settings import get_current_settings
 
-from helpers import spec_data
 from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.errors import PrefectExecutorchError
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote
 from prefect_executorch.spec import parse_spec
 from prefect_executorch.testing.seaweedfs import SeaweedS3
+
+from helpers import spec_data
 
 pytestmark = pytest.mark.s3
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from faultproxy import FaultProxy, Rule
-from helpers import set_aws_env
-from realbundle import RealBundle
 from prefect_executorch.artifacts.gc import gc
 from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE
 from prefect_executorch.artifacts.registry import publish, pull, verify_bundle_dir
@@ -19,6 +17,10 @@ from prefect_executorch.artifacts.s3 import S3Settings, S3Store
 from prefect_executorch.errors import BundleConflict, BundleNotFound, StoreError
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.testing.seaweedfs import SeaweedS3
+
+from faultproxy import FaultProxy, Rule
+from helpers import set_aws_env
+from realbundle import RealBundle
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 MiB = 2**20

@@ -59,7 +59,7 @@ class Target(ABC):
         """Operators the target's runtime has kernels for (None: cannot tell without loading a program)."""
         return None
 
-    def runtime_setup(self) -> None:
+    def runtime_setup(self) -> None:  # noqa: B027 - a hook: CPU targets need nothing first
         """Import what the validating process needs before it loads a program."""
 
     def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any, Literal
 from prefect_executorch.calls import Call, LiveSources, Ref, Slot, Step, check_calls, run_steps
 from prefect_executorch.compat import gpu_compat
 from prefect_executorch.errors import SpecError, ToolchainMismatch
+from prefect_executorch.hostprobe import channel_of
 from prefect_executorch.quantization import check_scheme
 from prefect_executorch.spec import TensorRTTarget as TensorRTOptions
 from prefect_executorch.targets.base import PROGRAM_FILE, MemoryLimit, Target
-from prefect_executorch.hostprobe import channel_of
 from prefect_executorch.toolchain import channel_cuda_major
 from prefect_executorch.versions import minor_version, older_than
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from prefect_executorch.delegation import DelegationFacts
-
     from prefect_executorch.spec import BuildSpec, InputSpec, MethodSpec
     from prefect_executorch.toolchain import Toolchain
 
@@ -516,8 +515,8 @@ def activate_delegate_runtime() -> None:
     wheel registers nothing on import: its ``activate()`` swaps in a runtime with the delegate
     built in, and refuses if ExecuTorch's stock runtime was imported first. Both are handled.
     """
-    from prefect_executorch.runtime import backend_install_hint
     from prefect_executorch.hostprobe import local_cuda_channel
+    from prefect_executorch.runtime import backend_install_hint
 
     channel = local_cuda_channel()
     stack: Stack = "nightly" if ".dev" in importlib.metadata.version("torch") else "release"
