@@ -12,6 +12,7 @@ from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
 from prefect_executorch.artifacts.reports import publish_promotion_artifact
 from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.tasks.assets import record_alias
 from prefect_executorch.tasks.events import PROMOTED, emit_bundle_event
 
 if TYPE_CHECKING:
@@ -37,4 +38,5 @@ def promote_alias(store: str | Block, request: PromotionRequest) -> AliasRecord:
     )
     if record.forced:
         logger.warning("alias %s was forced onto %s %s over: %s", alias, name, version, "; ".join(record.overridden))
+    record_alias(opened.url, alias, record.bundle_key())
     return record

@@ -13,6 +13,7 @@ from prefect_executorch.lineage import collect_lineage
 from prefect_executorch.progress import stage
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
+from prefect_executorch.tasks.assets import record_bundle
 from prefect_executorch.tasks.events import PUBLISHED, emit_bundle_event
 from prefect_executorch.tasks.retries import retry_transient
 from prefect_executorch.toolchain import Toolchain
@@ -37,4 +38,5 @@ def publish_bundle(
         "validation_cases": manifest.validation.cases, "worst": manifest.validation.worst},
         # A label, not only payload: automations match on resource labels (deployments/prefect.yaml).
         labels={"validated": str(manifest.validation.passed).lower()})
+    record_bundle(ref.store, ref.key, weights_uri)
     return ref

@@ -15,6 +15,7 @@ from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.spec import parse_spec
+from prefect_executorch.tasks.assets import asset_uri, bundle_asset_key
 from prefect_executorch.tasks.events import PROMOTED, PUBLISHED, PULLED, VALIDATION_FAILED
 from prefect_executorch.tasks.pull import pull_bundle
 
@@ -81,3 +82,28 @@ def test_publish_promote_pull_and_a_failed_validation_are_events_about_the_bundl
     assert failed.resource.id.startswith(f"prefect-executorch.bundle.{store.url}/mlp/2/portable/")
     assert "prefect-executorch.manifest-sha256" not in failed.resource  # nothing was published
     assert "validation cases failed" in failed.payload["error"]
+
+    # Prefect's asset lineage: the bundle, then the alias materialized from it.
+    bundle_asset = bundle_asset_key(store.url, ref.key)
+    alias_asset = f"{asset_uri(store.url)}/mlp/aliases/prod"
+    assets = asset_events(asset_uri(store.url), expected=2)
+    assert {e.resource.id for e in assets} == {bundle_asset, alias_asset}
+    alias_event = next(e for e in assets if e.resource.id == alias_asset)
+    assert {(r.role, r.id) for r in alias_event.related} >= {("asset", bundle_asset),
+                                                             ("asset-materialized-by", "prefect-executorch")}
+
+
+def asset_events(key_prefix: str, expected: int, timeout_s: float = 60) -> list[Any]:
+    """Prefect's asset materialization events for keys under ``key_prefix``, once ``expected`` arrived."""
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with get_client(sync_client=True) as client:
+            page = client.read_events(EventFilter(
+                event=EventNameFilter(name=["prefect.asset.materialization.succeeded"]),
+                resource=EventResourceFilter(id_prefix=[key_prefix])), limit=50)
+        if len(page.events) >= expected or time.monotonic() > deadline:
+            return list(page.events)
+        time.sleep(1)
