@@ -43,7 +43,9 @@ def compare_bundles(
         manifest, new = _pulled(store, candidate, work / "candidate", None)
         methods = {name: MethodSpec(inputs=entry.inputs) for name, entry in manifest.methods.items() if entry.inputs}
         return run_isolated(
-            "side_by_side", SideBySideRequest(current=now, candidate=new, methods=methods, validation=validation),
+            "side_by_side", SideBySideRequest(current=now, candidate=new, methods=methods, validation=validation,
+                                              target=manifest.target,
+                                              input_device=str(manifest.runtime_hints.get("input_device", "cpu"))),
             SideBySide, timeout_s=validation.timeout_s, scratch_dir=work,
             memory_limit=get_target(candidate.target).memory_limit("validate", validation.memory_limit_mib),
             what=f"side-by-side of {candidate.prefix} and {current.describe()}",

@@ -17,8 +17,11 @@ from prefect_executorch.compare import compare_outputs
 from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.inputs import random_inputs, shape_points
 from prefect_executorch.latency import LatencyStats, measure_together
+from prefect_executorch.placement import needs_cuda
 from prefect_executorch.runtime import LoadedProgram
 from prefect_executorch.spec import MethodSpec, ValidationSpec
+from prefect_executorch.targets import get_target
+from prefect_executorch.validator import synchronized
 
 
 class ProgramFiles(BaseModel):
@@ -41,6 +44,8 @@ class SideBySideRequest(BaseModel):
     candidate: ProgramFiles
     methods: dict[str, MethodSpec] = Field(description="The candidate's methods and inputs.")
     validation: ValidationSpec
+    target: str = Field("xnnpack", description="The bundles' target: its runtime is set up before either loads.")
+    input_device: str = Field("cpu", description="Where the programs want their inputs (the manifest's runtime hint).")
 
 
 class MethodComparison(BaseModel):
@@ -124,7 +129,7 @@ def _compare_method(req: SideBySideRequest, name: str, current: LoadedProgram, c
     for label, shapes in shape_points(method, req.validation.methods[name].extra_shapes
                                       if name in req.validation.methods else None):
         for _ in range(req.validation.samples):
-            inputs = random_inputs(method, shapes, generator)
+            inputs = tuple(t.to(req.input_device) for t in random_inputs(method, shapes, generator))
             result.cases += 1
             try:
                 expected = current.run(name, inputs, method.inputs)
@@ -142,8 +147,11 @@ def _compare_method(req: SideBySideRequest, name: str, current: LoadedProgram, c
     if timing is not None and req.validation.latency_runs:
         label, inputs = timing
         result.shape_label = label
+        # GPU programs return before the device is done: both sides wait for it, as in validation.
+        device = "cuda" if needs_cuda(req.target) else "cpu"
         result.current, result.candidate = measure_together(
-            [lambda: current.execute(name, inputs), lambda: candidate.execute(name, inputs)],
+            [synchronized(lambda: current.execute(name, inputs), device),
+             synchronized(lambda: candidate.execute(name, inputs), device)],
             min_runs=req.validation.latency_runs, warmup=req.validation.latency_warmup,
             max_seconds=req.validation.latency_max_s,
         )
@@ -155,6 +163,8 @@ def side_by_side_in_child(request: dict[str, Any]) -> SideBySide:
     import torch
 
     req = SideBySideRequest.model_validate(request)
+    # TensorRT: TF32 off and the delegate runtime registered before ExecuTorch's own runtime loads.
+    get_target(req.target).runtime_setup()
     current, candidate = req.current.load(), req.candidate.load()
     with torch.no_grad():
         return SideBySide(methods=[_compare_method(req, name, current, candidate) for name in req.methods])
