@@ -25,21 +25,35 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 MLP = {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}
 
 
-def bundle_events(store_url: str, expected: int, timeout_s: float = 60) -> list[Any]:
-    """The prefect-executorch events about bundles of ``store_url``, once ``expected`` of them reached the API."""
+def read_events(names: Any, resource_prefix: str, expected: int, timeout_s: float = 60) -> list[Any]:
+    """Events named by ``names`` (an EventNameFilter) about resources under ``resource_prefix``, once ``expected`` arrived."""
     from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+    from prefect.events.filters import EventFilter, EventResourceFilter
 
     deadline = time.monotonic() + timeout_s
     while True:
         with get_client(sync_client=True) as client:
-            page = client.read_events(EventFilter(
-                event=EventNameFilter(prefix=["prefect-executorch."]),
-                resource=EventResourceFilter(id_prefix=[f"prefect-executorch.bundle.{store_url}/"])), limit=50)
-        found = [e for e in page.events if e.resource.get("prefect-executorch.store") == store_url]
-        if len(found) >= expected or time.monotonic() > deadline:
-            return sorted(found, key=lambda e: e.occurred)
+            page = client.read_events(EventFilter(event=names, resource=EventResourceFilter(id_prefix=[resource_prefix])),
+                                      limit=50)
+        if len(page.events) >= expected or time.monotonic() > deadline:
+            return sorted(page.events, key=lambda e: e.occurred)
         time.sleep(1)
+
+
+def bundle_events(store_url: str, expected: int) -> list[Any]:
+    """The prefect-executorch events about bundles of ``store_url``."""
+    from prefect.events.filters import EventNameFilter
+
+    found = read_events(EventNameFilter(prefix=["prefect-executorch."]), f"prefect-executorch.bundle.{store_url}/",
+                        expected)
+    return [e for e in found if e.resource.get("prefect-executorch.store") == store_url]
+
+
+def asset_events(key_prefix: str, expected: int) -> list[Any]:
+    """Prefect's asset materialization events for keys under ``key_prefix``."""
+    from prefect.events.filters import EventNameFilter
+
+    return read_events(EventNameFilter(name=["prefect.asset.materialization.succeeded"]), key_prefix, expected)
 
 
 @flow
@@ -92,18 +106,3 @@ def test_publish_promote_pull_and_a_failed_validation_are_events_about_the_bundl
     assert {(r.role, r.id) for r in alias_event.related} >= {("asset", bundle_asset),
                                                              ("asset-materialized-by", "prefect-executorch")}
 
-
-def asset_events(key_prefix: str, expected: int, timeout_s: float = 60) -> list[Any]:
-    """Prefect's asset materialization events for keys under ``key_prefix``, once ``expected`` arrived."""
-    from prefect.client.orchestration import get_client
-    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with get_client(sync_client=True) as client:
-            page = client.read_events(EventFilter(
-                event=EventNameFilter(name=["prefect.asset.materialization.succeeded"]),
-                resource=EventResourceFilter(id_prefix=[key_prefix])), limit=50)
-        if len(page.events) >= expected or time.monotonic() > deadline:
-            return list(page.events)
-        time.sleep(1)
