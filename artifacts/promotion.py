@@ -81,7 +81,10 @@ def promote_checked(
     then, and the comparison is recorded all the same.
     """
     name, version, alias, expect_version = request.name, request.version, request.alias, request.expect_version
-    key = select_bundle(store, name, check_name(version, "version"), request.target, request.compat)
+    # Every name is a key segment: an unsafe one is a usage error before the store is read.
+    for value, field in ((name, "name"), (version, "version"), (alias, "alias")):
+        check_name(value, field)
+    key = select_bundle(store, name, version, request.target, request.compat)
     found = read_alias(store, name, alias)
     if found is not None and found[0].bundle_key() == key and expect_version in (None, key.version):
         return found[0]  # already there: an automation and a retrain may both move it to the same bundle
