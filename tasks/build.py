@@ -39,6 +39,7 @@ def build_and_publish(
     weights_uri: str | None = None, training_run: str | None = None,
 ) -> BundleRef:
     """Export, validate and publish; a cache hit returns the published bundle without exporting."""
+    store_url = open_store(store).url  # opened once: an S3 store builds a client
     # Validation runs the engine too, so it holds the GPU as long as the export does.
     with gpu_slot(needs_cuda(spec.target_name)) as slot:
         if slot:
@@ -48,8 +49,8 @@ def build_and_publish(
             report = validate_export(spec, export, output_root)
         except ValidationFailed as exc:
             emit_bundle_event(VALIDATION_FAILED, BundleKey.of(spec.name, spec.version, spec.target_name, compat),
-                              open_store(store).url,
+                              store_url,
                               payload={"error": str(exc).splitlines()[0]})
             raise
-    fingerprint = build_fingerprint(spec, toolchain, compat, open_store(store).url).key()
+    fingerprint = build_fingerprint(spec, toolchain, compat, store_url).key()
     return publish_bundle(spec, toolchain, export, report, store, fingerprint, weights_uri, training_run)
