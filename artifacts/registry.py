@@ -307,9 +307,12 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
 
 def prepare_bundle(
     spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport,
-    fingerprint: str | None = None, lineage: Lineage | None = None,
+    fingerprint: str | None = None, lineage: Lineage | None = None, compat: str | None = None,
 ) -> Manifest:
-    """Write ``validation.json`` into the export directory and build the bundle's manifest."""
+    """Write ``validation.json`` into the export directory and build the bundle's manifest.
+
+    ``compat``: the key the build already computed (a build computes it once); None computes it here.
+    """
     target = get_target(spec.target_name)
     bundle_dir = export.path
     (bundle_dir / VALIDATION_FILE).write_text(report.model_dump_json(indent=2))
@@ -318,7 +321,7 @@ def prepare_bundle(
         name=spec.name,
         version=spec.version,
         target=spec.target_name,
-        compat=target.compat(spec, toolchain),
+        compat=compat if compat is not None else target.compat(spec, toolchain),
         files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE],
                            [BUNDLED_FILE] if bundled.file else []),
         program=export.program,

@@ -53,4 +53,4 @@ def build_and_publish(
                               payload={"error": str(exc).splitlines()[0]})
             raise
     fingerprint = build_fingerprint(spec, toolchain, compat, store_url).key()
-    return publish_bundle(spec, toolchain, export, report, store, fingerprint, weights_uri, training_run)
+    return publish_bundle(spec, toolchain, export, report, store, fingerprint, weights_uri, training_run, compat)

@@ -26,10 +26,11 @@ if TYPE_CHECKING:
 def publish_bundle(
     spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport, store: str | Block,
     fingerprint: str | None = None, weights_uri: str | None = None, training_run: str | None = None,
+    compat: str | None = None,
 ) -> BundleRef:
     """Write the manifest (with the build's lineage) and publish the bundle to ``store`` (a URL or an S3Bucket block)."""
     manifest = prepare_bundle(spec, toolchain, export, report, fingerprint,
-                              collect_lineage(spec, weights_uri, training_run))
+                              collect_lineage(spec, weights_uri, training_run), compat)
     with stage("publish"):
         ref = publish(open_store(store), export.path, manifest)
     get_run_logger().info("published %s to %s (manifest sha256 %s)", ref.key.prefix, ref.store, ref.manifest_sha256)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from prefect_executorch.artifacts.manifest import BundleKey, Manifest
 from prefect_executorch.artifacts.registry import pull, verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
+from prefect_executorch.compat import cpu_compat
 from prefect_executorch.errors import ExportFailed, ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.hashing import sha256_file
@@ -89,6 +91,24 @@ def test_two_outputs_two_methods_portable(make_spec, tmp_path: Path) -> None:
     report = ValidationReport.model_validate_json((bundle2 / "validation.json").read_text())
     assert [o.path for o in report.cases[0].outputs] == ["[0]", "[1]"]
     _run_pulled(two, store, ref2.key, tmp_path / "pulled2")
+
+
+def test_a_build_computes_its_compat_key_once(make_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def counted(*args: Any, **kwargs: Any) -> str:
+        key = cpu_compat(*args, **kwargs)  # the real builder: this only counts
+        calls.append(key)
+        return key
+
+    # The CPU targets hold the builder by name; patch that name and the module's, so no call escapes the count.
+    monkeypatch.setattr("prefect_executorch.compat.cpu_compat", counted)
+    monkeypatch.setattr("prefect_executorch.targets.cpu.cpu_compat", counted)
+    spec = make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}},
+                     validation={"samples": 1, "latency_runs": 0})
+    store = LocalStore(tmp_path / "store")
+    ref = build_bundle(spec, store=str(store.root), output=str(tmp_path / "out"))
+    assert calls == [ref.key.compat] == [verify_bundle_dir(store.root / ref.key.prefix).compat]
 
 
 def test_external_weights_are_a_paired_ptd(make_spec, tmp_path: Path) -> None:

@@ -19,8 +19,9 @@ from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.calls import Call, Ref, check_calls, materialize, walk
 from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.hostprobe import tensorrt_capabilities
-from prefect_executorch.spec import TENSORRT_OWNED_COMPILE_KEYWORDS, BuildSpec, parse_spec
+from prefect_executorch.spec import BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
+from prefect_executorch.targets.options import TENSORRT_OWNED_COMPILE_KEYWORDS
 from prefect_executorch.targets.tensorrt import RUNTIME_MODULE, build_backend_config, build_steps
 from prefect_executorch.toolchain import GpuInfo, Toolchain, read_torch_tensorrt_api
 

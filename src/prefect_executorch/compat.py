@@ -23,7 +23,7 @@ from packaging.version import Version
 from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.spec import is_safe_name
+from prefect_executorch.specbase import is_safe_name
 from prefect_executorch.toolchain import Toolchain
 from prefect_executorch.versions import parse_version
 

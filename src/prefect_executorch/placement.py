@@ -16,7 +16,6 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from prefect_executorch.spec import BuildSpec, StrictModel, TargetSpec
 from prefect_executorch.targets import TARGETS
-from prefect_executorch.targets.cpu import CpuTarget
 from prefect_executorch.targets.tensorrt import install_command as tensorrt_install
 from prefect_executorch.toolchain import GpuInfo, Toolchain
 
@@ -36,7 +35,7 @@ def install_command(channel: str) -> str:
 def needs_cuda(target_kind: str) -> bool:
     """Whether a registered target builds only on a CUDA GPU (unknown kinds are the spec's error)."""
     target = TARGETS.get(target_kind)
-    return target is not None and not isinstance(target, CpuTarget)
+    return target is not None and target.device == "cuda"
 
 
 def pool_for(channel: str) -> str:

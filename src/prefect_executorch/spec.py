@@ -13,8 +13,6 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -24,9 +22,9 @@ from pydantic import (
 
 from prefect_executorch.errors import SpecError
 from prefect_executorch.modelref import module_source
-
-NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
-_NAME_RE = re.compile(NAME_PATTERN)
+from prefect_executorch.specbase import StrictModel, is_safe_name
+from prefect_executorch.targets import TargetSpec
+from prefect_executorch.targets.options import XnnpackOptions
 
 Dtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"]
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -72,12 +70,6 @@ NAME_RULE = (
 )
 
 
-def is_safe_name(value: object) -> bool:
-    """Whether ``value`` can be one path segment of a bundle key."""
-    # fullmatch: "$" also matches before a final newline, which would let "name\n" through.
-    return isinstance(value, str) and bool(_NAME_RE.fullmatch(value)) and ".." not in value
-
-
 def check_name(value: str, field: str) -> str:
     """Return ``value`` if it is a safe path segment, else raise ``SpecError`` naming ``field``."""
     if not is_safe_name(value):
@@ -93,13 +85,6 @@ def check_identifier(value: str, what: str) -> str:
             "with a digit, at most 64 characters) that is not a Python keyword"
         )
     return value
-
-
-class StrictModel(BaseModel):
-    """Base of every spec model: unknown fields are an error, no value is coerced, every float is finite."""
-
-    # strict: `samples: true` is not 1 and `atol: "0.1"` is not 0.1; a spec says what it means or is refused.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class DynamicDim(StrictModel):
@@ -362,104 +347,6 @@ class ValidationSpec(StrictModel):
         return self
 
 
-class XnnpackTarget(StrictModel):
-    """CPU target: XNNPACK delegate, portable kernels for the rest."""
-
-    kind: Literal["xnnpack"] = "xnnpack"
-
-
-class PortableTarget(StrictModel):
-    """CPU target: ExecuTorch portable kernels only."""
-
-    kind: Literal["portable"] = "portable"
-
-
-class DeviceResidentIO(StrictModel):
-    """Which copies around the method boundary a TensorRT program skips (the caller holds CUDA tensors)."""
-
-    inputs: bool = Field(True, description="Skip the host-to-device copy of method inputs; inputs are left unplanned.")
-    outputs: bool = Field(True, description="Skip the device-to-host copy of method outputs.")
-    planned_outputs: bool = Field(
-        True,
-        description="Keep outputs in the program's device arena (Python gets a CUDA copy). False makes the "
-        "caller provide output memory, which Python bindings before ExecuTorch 1.6.0.dev20261008 get wrong.",
-    )
-
-    @model_validator(mode="after")
-    def _something_on_device(self) -> DeviceResidentIO:
-        if not (self.inputs or self.outputs):
-            raise ValueError("inputs and outputs are both false, which is the default; use device_resident_io: false")
-        if not self.outputs and not self.planned_outputs:
-            raise ValueError("planned_outputs: false only applies when outputs stay on the device (outputs: true)")
-        return self
-
-
-#: ``dynamo.compile`` keywords the target sets itself from its own options.
-TENSORRT_OWNED_COMPILE_KEYWORDS = {
-    "exported_program": "the target passes the exported method",
-    "inputs": "the target builds arg_inputs from the spec's methods",
-    "arg_inputs": "the target builds arg_inputs from the spec's methods",
-    "kwarg_inputs": "methods take positional inputs only",
-    "min_block_size": "set target.min_block_size",
-    "hardware_compatible": "set target.hardware_compatible",
-    "version_compatible": "set target.version_compatible",
-    "enable_autocast": "set target.precision",
-    "autocast_low_precision_type": "set target.precision",
-}
-
-CompileValue = bool | int | float | str | list[str]
-
-
-class TensorRTTarget(StrictModel):
-    """NVIDIA GPU target: TensorRT engines inside the .pte, optionally with the CUDA backend for the rest."""
-
-    kind: Literal["tensorrt"] = "tensorrt"
-    min_block_size: int = Field(5, ge=1, description="Fewest convertible operators TensorRT takes as one engine.")
-    precision: Literal["fp32", "fp16", "bf16"] = Field(
-        "fp32", description="fp32 builds without TF32; fp16/bf16 use torch-tensorrt's autocast (networks are strongly typed)."
-    )
-    coalesce_cuda: bool = Field(False, description="Compile what TensorRT rejects with ExecuTorch's CUDA backend (needs nvcc).")
-    device_resident_io: DeviceResidentIO | None = Field(None, description="Keep method inputs/outputs on the GPU.")
-    cuda_graphs: bool = Field(False, description="Record each engine once and replay it (needs a build newer than 2026-10-06).")
-    shared_scratch: bool = Field(
-        False, description="Engines share one activation scratch buffer (a delegate runtime hint; disables replay)."
-    )
-    hardware_compatible: bool = Field(False, description="Engines run on any Ampere-or-newer GPU (compat 'sm80plus').")
-    version_compatible: bool = Field(False, description="Engines run on the same or a newer TensorRT of one major (compat 'trt11.1plus').")
-    retrace: bool = Field(False, description="Must stay false: re-exporting the compiled graph drops the engines.")
-    compile_options: dict[str, CompileValue] = Field(
-        default_factory=dict, description="Further torch_tensorrt.dynamo.compile keywords, checked against its signature."
-    )
-
-    @field_validator("device_resident_io", mode="before")
-    @classmethod
-    def _device_shorthand(cls, value: Any) -> Any:
-        if value is True:
-            return {}
-        return None if value is False else value
-
-    @field_validator("retrace")
-    @classmethod
-    def _no_retrace(cls, value: bool) -> bool:
-        if value:
-            raise ValueError(
-                "retrace: true re-exports the compiled graph, which drops the TensorRT engines; the failure only "
-                "shows when the program is loaded. Remove it (the exporter always passes retrace=False)"
-            )
-        return value
-
-    @field_validator("compile_options")
-    @classmethod
-    def _not_owned(cls, options: dict[str, CompileValue]) -> dict[str, CompileValue]:
-        for name in options:
-            if name in TENSORRT_OWNED_COMPILE_KEYWORDS:
-                raise ValueError(f"{name!r} is set by the target ({TENSORRT_OWNED_COMPILE_KEYWORDS[name]})")
-        return options
-
-
-TargetSpec = Annotated[XnnpackTarget | PortableTarget | TensorRTTarget, Field(discriminator="kind")]
-
-
 class CalibrationSpec(StrictModel):
     """Where int8-static takes its activation ranges from: the validation samples, or a dataset."""
 
@@ -521,7 +408,7 @@ class BuildSpec(StrictModel):
     model: str = Field(description="'package.module:factory' or 'path/to/file.py:factory'.")
     weights: str | None = Field(None, description="State dict loaded with torch.load(weights_only=True).")
     methods: dict[str, MethodSpec] = Field(min_length=1, description="Methods of the program by name.")
-    target: TargetSpec = Field(default_factory=XnnpackTarget)
+    target: TargetSpec = Field(default_factory=XnnpackOptions)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     external_weights: bool = Field(False, description="Store weights in a .ptd beside the .pte.")
     quantization: QuantizationSpec | None = Field(None, description="Quantize before lowering (docs/quantization.md).")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from prefect_executorch.isolation import MemoryLimit
+from prefect_executorch.targets.options import TargetOptions
 
 if TYPE_CHECKING:
     import torch
@@ -22,12 +23,17 @@ PROGRAM_FILE = "model.pte"
 WEIGHTS_TAG = "model"
 #: Address-space limit of a CPU validation child when the spec sets none (MiB).
 CPU_VALIDATE_LIMIT_MIB = 8192
+#: Where a target's programs run: ``cuda`` targets build only on a CUDA worker (placement asks this).
+Device = Literal["cpu", "cuda"]
 
 
 class Target(ABC):
     """How one target checks, exports, loads and describes a build."""
 
     name: ClassVar[str]
+    #: The spec's ``target:`` section for this target (its ``kind`` is ``name``).
+    options: ClassVar[type[TargetOptions]]
+    device: ClassVar[Device]
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         """Raise ``SpecError``/``ToolchainMismatch`` for what cannot work; return warnings."""

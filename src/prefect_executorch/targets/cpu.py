@@ -10,6 +10,7 @@ from prefect_executorch.delegation import DelegationFacts, delegation_facts
 from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.quantization import check_scheme, compat_tag
 from prefect_executorch.targets.base import PROGRAM_FILE, WEIGHTS_TAG, Target
+from prefect_executorch.targets.options import PortableOptions, XnnpackOptions
 
 if TYPE_CHECKING:
     import torch
@@ -38,6 +39,8 @@ def _backend_config(spec: BuildSpec) -> Any:
 class CpuTarget(Target):
     """What the CPU targets share: the compat key and the ExecuTorch check."""
 
+    device = "cpu"
+
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         check_scheme(spec, self.name)
         if toolchain.executorch is None:
@@ -59,6 +62,7 @@ class PortableTarget(CpuTarget):
     """ExecuTorch's portable kernels, no delegate."""
 
     name = "portable"
+    options = PortableOptions
 
     def lower(
         self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
@@ -75,6 +79,7 @@ class XnnpackTarget(CpuTarget):
     """XNNPACK delegate for what it takes, portable kernels for the rest."""
 
     name = "xnnpack"
+    options = XnnpackOptions
 
     def export_method(
         self, module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any, spec: BuildSpec

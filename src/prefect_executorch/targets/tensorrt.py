@@ -19,8 +19,8 @@ from prefect_executorch.compat import gpu_compat
 from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.hostprobe import channel_of
 from prefect_executorch.quantization import check_scheme
-from prefect_executorch.spec import TensorRTTarget as TensorRTOptions
 from prefect_executorch.targets.base import PROGRAM_FILE, MemoryLimit, Target
+from prefect_executorch.targets.options import TensorRTOptions
 from prefect_executorch.toolchain import channel_cuda_major
 from prefect_executorch.versions import minor_version, older_than
 
@@ -396,6 +396,8 @@ class TensorRTTarget(Target):
     """TensorRT engines inside the .pte; optionally the CUDA backend for the operators TensorRT rejects."""
 
     name = "tensorrt"
+    options = TensorRTOptions
+    device = "cuda"
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         check_scheme(spec, self.name)
