@@ -15,11 +15,12 @@ from test_tensorrt_api import ready, refusal, sources, trt_wheel  # noqa: F401 -
 from prefect_executorch.apisource import Sources, WheelRoot
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.calls import Call, check_calls
+from prefect_executorch.compare import limits_for
 from prefect_executorch.compat import fit, parse_compat
 from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.fingerprint import build_fingerprint
 from prefect_executorch.quantization import CPU_SCHEMES, TENSORRT_SCHEMES, quantized_methods
-from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.spec import BuildSpec, ValidationSpec, parse_spec
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.tensorrt import build_steps
 from prefect_executorch.targets.tensorrt_quant import (
@@ -155,6 +156,12 @@ def test_the_compat_key_names_the_scheme_and_a_float_engine_wins_a_fit(with_mode
     for bad in ("cu130-sm90-trt11.1-x86_64-int8da4wg32", "cu130-sm90-trt11.1-x86_64-fp4"):
         with pytest.raises(SpecError):
             parse_compat(bad)
+
+
+def test_the_default_gate_is_the_quantized_one() -> None:
+    for scheme in TENSORRT_SCHEMES:
+        assert limits_for(ValidationSpec(), "forward", "[0]", "float32", quantization=scheme) == (
+            None, None, 0.99, f"default for {scheme} quantization", 0.1)
 
 
 def test_the_cache_key_takes_the_modelopt_version_not_torchao(with_modelopt: Toolchain) -> None:
