@@ -108,12 +108,15 @@ def _forward_loop(spec: BuildSpec, device: str) -> tuple[Any, str, int]:
     return forward_loop, source, len(batches)
 
 
-def quantize_with_modelopt(model: torch.nn.Module, spec: BuildSpec) -> tuple[torch.nn.Module, str, int]:
-    """A copy of ``model`` quantized by ModelOpt and calibrated on the GPU, on ``model``'s device again.
+def quantize_with_modelopt(
+    model: torch.nn.Module, spec: BuildSpec, device: str = "cuda"
+) -> tuple[torch.nn.Module, str, int]:
+    """A copy of ``model`` quantized by ModelOpt and calibrated on ``device``, on ``model``'s device again.
 
     Returns the quantized model, the calibration source and the number of calibration samples.
     ModelOpt's quantizers also run on the CPU (its reference path), so the export child's eager run
-    works wherever the model lives.
+    works wherever the model lives; only torch.export needs them on CUDA, where they become
+    ``tensorrt::quantize_op`` (on the CPU they trace data-dependent Python and export fails).
     """
     import importlib.util
 
@@ -123,11 +126,11 @@ def quantize_with_modelopt(model: torch.nn.Module, spec: BuildSpec) -> tuple[tor
     if importlib.util.find_spec("modelopt") is None:
         raise ToolchainMismatch(f"quantization.scheme {spec.quantization.scheme!r} needs {MODELOPT_PACKAGE}, which "
                                 f"is not installed here; install it with: {MODELOPT_INSTALL}")
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    quantized = copy.deepcopy(model).to("cuda")
-    forward_loop, source, samples = _forward_loop(spec, "cuda")
+    home = next((p.device for p in model.parameters()), torch.device("cpu"))
+    quantized = copy.deepcopy(model).to(device)
+    forward_loop, source, samples = _forward_loop(spec, device)
     run_steps(quantize_steps(spec.quantization.scheme), {"model": quantized, "forward_loop": forward_loop})
-    return quantized.to(device), source, samples
+    return quantized.to(home), source, samples
 
 
 def export_context(spec: BuildSpec) -> contextlib.AbstractContextManager[Any]:
