@@ -402,7 +402,7 @@ class TensorRTTarget(Target):
         check_scheme(spec, self.name)
         options = _options(spec)
         spec_problems = (_spec_problems(spec, options) + _compile_option_problems(options, toolchain)
-                         + tensorrt_quant.spec_problems(spec, options))
+                         + tensorrt_quant.spec_problems(spec, options.precision, options.hardware_compatible))
         if spec_problems:
             raise SpecError("invalid spec for target tensorrt:\n  - " + "\n  - ".join(spec_problems))
         install = worker_install(toolchain)

@@ -24,7 +24,7 @@ from prefect_executorch.quantization import TENSORRT_SCHEMES, calibration_inputs
 if TYPE_CHECKING:
     import torch
 
-    from prefect_executorch.spec import BuildSpec, TensorRTTarget
+    from prefect_executorch.spec import BuildSpec
     from prefect_executorch.toolchain import Toolchain
 
 MODELOPT_PACKAGE = "nvidia-modelopt"
@@ -50,19 +50,19 @@ def quantize_steps(scheme: str) -> list[Step]:
                       kwargs={"forward_loop": Slot("forward_loop")}), "quantized")]
 
 
-def spec_problems(spec: BuildSpec, options: TensorRTTarget) -> list[str]:
-    """What in the spec a ModelOpt scheme cannot be combined with."""
+def spec_problems(spec: BuildSpec, precision: str, hardware_compatible: bool) -> list[str]:
+    """What in the spec (and the tensorrt target's ``precision``, ``hardware_compatible``) a ModelOpt scheme cannot take."""
     if not is_tensorrt_scheme(spec):
         return []
     assert spec.quantization is not None
     problems = []
-    if options.precision != "fp32":
+    if precision != "fp32":
         problems.append(
-            f"target.precision {options.precision!r} with quantization.scheme {spec.quantization.scheme!r}: autocast "
+            f"target.precision {precision!r} with quantization.scheme {spec.quantization.scheme!r}: autocast "
             "rewrites the types around ModelOpt's Q/DQ nodes, and Torch-TensorRT's quantization examples compile "
             "without it; set precision: fp32 (the quantized layers still run in int8/fp8)"
         )
-    if spec.quantization.scheme == "fp8" and options.hardware_compatible:
+    if spec.quantization.scheme == "fp8" and hardware_compatible:
         problems.append(
             "target.hardware_compatible with quantization.scheme 'fp8': hardware-compatible engines run on Ampere "
             f"(sm80), which has no FP8; FP8 needs sm{FP8_MIN_SM} or newer. Set hardware_compatible: false or use int8"
