@@ -112,7 +112,7 @@ class Manifest(BaseModel):
     runtime_hints: dict[str, Any] = Field(default_factory=dict)
     spec_sha256: str
     weights_sha256: str | None = None
-    quantization: QuantizationFacts | None = Field(None, description="Scheme, group size, calibration, torchao version.")
+    quantization: QuantizationFacts | None = Field(None, description="Scheme, group size, calibration, torchao or ModelOpt version.")
     fingerprint: str | None = Field(None, description="Build fingerprint (fingerprint.py): an unchanged rebuild has the same.")
     validation: ValidationSummary
     bundled: BundledFacts | None = Field(None, description="The .bpte of the validation cases, or why there is none.")

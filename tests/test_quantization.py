@@ -56,7 +56,7 @@ def test_unknown_scheme_is_a_spec_error_naming_every_scheme() -> None:
 
 @pytest.mark.parametrize(("quantization", "expected"), [
     ({"scheme": "int8-dynamic", "group_size": 64}, "group_size applies to int8da4w only"),
-    ({"scheme": "int8da4w", "calibration": {}}, "calibration applies to int8-static only"),
+    ({"scheme": "int8da4w", "calibration": {}}, "calibration applies to int8-static, int8, fp8 only"),
     ({"scheme": "int8da4w", "group_size": 1}, "quantization.group_size"),
     ({"scheme": "int8-static", "calibration": {"dataset": "no-function"}}, "quantization.calibration.dataset"),
     ({"scheme": "int8-static", "calibrate": "validation"}, "quantization.calibrate: unknown field"),

@@ -17,6 +17,8 @@ import pytest
 
 TORCH_TENSORRT = "torch-tensorrt==2.14.0"
 DELEGATE_RUNTIME = "torch-tensorrt-executorch-runtime==0.1.0"
+#: NVIDIA ModelOpt, whose quantize ops the TensorRT int8/fp8 schemes build (pure Python, read with ``ast``).
+MODELOPT = "nvidia-modelopt==0.47.0"
 WHEEL_CACHE = Path(os.environ.get("PREFECT_EXECUTORCH_WHEEL_CACHE", Path.home() / ".cache/prefect-executorch/wheels"))
 
 

@@ -5,10 +5,10 @@ Two shapes exist:
 - CPU: ``cpu-<backend>-<arch>[-<quantization>]``, e.g. ``cpu-xnnpack-x86_64``: runs on any host of that
   arch; ``cpu-xnnpack-x86_64-int8da4wg32`` is a quantized build (its own key, so a float and a
   quantized bundle of one version never share a key or an alias by accident).
-- GPU: ``<cuda channel>-<sm>[plus]-trt<major.minor>[plus]-<arch>``, e.g. ``cu132-sm90-trt11.1-x86_64``
+- GPU: ``<cuda channel>-<sm>[plus]-trt<major.minor>[plus]-<arch>[-int8|-fp8]``, e.g. ``cu132-sm90-trt11.1-x86_64``
   (an engine built for exactly SM 9.0 and TensorRT 11.1) or ``cu132-sm80plus-trt11.1plus-aarch64``
   (a hardware-compatible engine for Ampere and newer, version-compatible: TensorRT 11.1 or a newer
-  11.x, never an older one nor another major).
+  11.x, never an older one nor another major); ``cu132-sm90-trt11.1-x86_64-fp8`` is a quantized build.
 
 ``fit`` answers for one key and one ``Toolchain``; a target that emits GPU keys builds them with
 ``gpu_compat`` so the two sides cannot drift apart.
@@ -30,7 +30,7 @@ from prefect_executorch.versions import parse_version
 _CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)(?:-(?P<quant>int8[a-z0-9]+))?$")
 _GPU_RE = re.compile(
     r"^(?P<channel>cu\d{3})-sm(?P<sm>\d{2,3})(?P<plus>plus)?"
-    r"-trt(?P<trt>\d+\.\d+)(?P<trt_plus>plus)?-(?P<arch>[a-z0-9_]+)$"
+    r"-trt(?P<trt>\d+\.\d+)(?P<trt_plus>plus)?-(?P<arch>[a-z0-9_]+)(?:-(?P<quant>int8|fp8))?$"
 )
 
 
@@ -67,6 +67,7 @@ def parse_compat(key: str) -> Compat:
         return Compat(
             key=key, kind="gpu", arch=match["arch"], cuda_channel=match["channel"], sm=int(match["sm"]),
             sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_or_newer=bool(match["trt_plus"]),
+            quantization=match["quant"],
         )
     raise SpecError(
         f"compat: {key!r} is not a compat key; expected 'cpu-<backend>-<arch>' (cpu-xnnpack-x86_64; a quantized "
@@ -81,8 +82,8 @@ def cpu_compat(backend: str, arch: str, quantization: str | None = None) -> str:
 
 
 def gpu_compat(cuda_channel: str | None, sm: str | None, arch: str, tensorrt: str | None, *, sm_or_newer: bool = False,
-               tensorrt_or_newer: bool = False) -> str:
-    """Build a GPU compat key from probe values (``sm90``, ``11.1.0.3``); ``SpecError`` if one is unusable."""
+               tensorrt_or_newer: bool = False, quantization: str | None = None) -> str:
+    """Build a GPU compat key from probe values (``sm90``, ``11.1.0.3``); ``quantization`` (``int8``, ``fp8``) marks a quantized build."""
     number = _sm_number(sm)
     parsed = parse_version(tensorrt)
     release = parsed.release if parsed else ()
@@ -90,7 +91,7 @@ def gpu_compat(cuda_channel: str | None, sm: str | None, arch: str, tensorrt: st
         raise SpecError(f"compat: cannot build a GPU key from channel={cuda_channel!r}, sm={sm!r}, tensorrt={tensorrt!r}; "
                         "expected a channel like 'cu132', an SM like 'sm90' and a TensorRT version like '11.1.0'")
     key = (f"{cuda_channel}-sm{number}{'plus' if sm_or_newer else ''}-trt{release[0]}.{release[1]}"
-           f"{'plus' if tensorrt_or_newer else ''}-{arch}")
+           f"{'plus' if tensorrt_or_newer else ''}-{arch}" + (f"-{quantization}" if quantization else ""))
     return parse_compat(key).key  # the builder and the matcher agree on the shape
 
 
@@ -120,7 +121,8 @@ def fit(key: str, toolchain: Toolchain) -> Fit:
         return Fit(ok=False, reason=f"needs SM {compat.sm} or newer, this GPU is sm{machine_sm}")
     if not compat.sm_or_newer and machine_sm != compat.sm:
         return Fit(ok=False, reason=f"engine built for sm{compat.sm}, this GPU is sm{machine_sm}")
-    rank = 10 if compat.sm_or_newer else 20
+    # As on CPU, a quantized engine fits but ranks below every float one.
+    rank = 0 if compat.quantization else 10 if compat.sm_or_newer else 20
     assert compat.tensorrt is not None
     built = Version(compat.tensorrt).release
     parsed = parse_version(toolchain.tensorrt)

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from prefect_executorch.errors import SpecError
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.modelref import module_source
-from prefect_executorch.quantization import torchao_version
+from prefect_executorch.quantization import quantizer_versions
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.toolchain import Toolchain
 
@@ -81,8 +81,8 @@ def build_fingerprint(spec: BuildSpec, toolchain: Toolchain, compat: str, store:
         model_source_sha256=sha256_file(model_source_file(spec.model)),
         spec=normalized_spec(spec),
         toolchain={**toolchain.versions(), "os": toolchain.os, "arch": toolchain.arch,
-                   # torchao rounds the weights of a quantized build, so its version decides that bundle too.
-                   **({"torchao": torchao_version()} if spec.quantization else {})},
+                   # torchao (ModelOpt for TensorRT) rounds a quantized build's weights: its version decides that bundle too.
+                   **quantizer_versions(spec.quantization)},
         compat=compat,
         store=store,
     )

@@ -191,6 +191,7 @@ def gather() -> dict[str, Any]:
         "torch_tensorrt": torch_tensorrt,
         "tensorrt": next(filter(None, map(dist_version, TENSORRT_DISTRIBUTIONS)), None),
         "tensorrt_executorch_runtime": dist_version("torch-tensorrt-executorch-runtime"),
+        "modelopt": dist_version("nvidia-modelopt"),
         "cuda_available": cuda_available,
         "cuda_version": torch.version.cuda,
         "cuda_channel": local_cuda_channel(),

@@ -1,5 +1,8 @@
 """Quantized builds: torchao ``quantize_`` (dynamic int8, 8da4w) and PT2E with the XNNPACK quantizer (static int8).
 
+The TensorRT schemes (int8, fp8: ModelOpt's QDQ nodes, built into engines) live in
+``targets/tensorrt_quant.py``; this module names them, holds their gates and dispatches to it.
+
 The same function quantizes the model in the export child and in the validation child, so the
 validator can compare the program with the quantized eager model as well as with the float one.
 Nothing here imports torch or torchao at module level: the spec and the compare code read the
@@ -22,8 +25,13 @@ if TYPE_CHECKING:
 
     from prefect_executorch.spec import BuildSpec, QuantizationSpec
 
+#: The CPU (torchao / PT2E) schemes and the TensorRT (ModelOpt) ones.
+CPU_SCHEMES = ("int8-dynamic", "int8da4w", "int8-weight-only", "int8-static")
+TENSORRT_SCHEMES = ("int8", "fp8")
 #: The schemes a spec may name, in the order error messages list them.
-SCHEMES = ("int8-dynamic", "int8da4w", "int8-weight-only", "int8-static")
+SCHEMES = CPU_SCHEMES + TENSORRT_SCHEMES
+#: Schemes that calibrate activation ranges (on the validation samples or ``calibration.dataset``).
+CALIBRATED_SCHEMES = ("int8-static", *TENSORRT_SCHEMES)
 DEFAULT_GROUP_SIZE = 32
 
 
@@ -42,6 +50,10 @@ DEFAULT_GATES: dict[str, QuantizedGate] = {
     "int8-weight-only": QuantizedGate(min_cosine=0.995, max_rel_error=0.05),
     "int8-static": QuantizedGate(min_cosine=0.99, max_rel_error=0.1),
     "int8da4w": QuantizedGate(min_cosine=0.98, max_rel_error=0.2),
+    # ModelOpt's defaults: per-channel int8 weights with per-tensor int8 activations, and per-tensor
+    # fp8 (e4m3, 3 mantissa bits) weights and activations; set like int8-static until a GPU run measures them.
+    "int8": QuantizedGate(min_cosine=0.99, max_rel_error=0.1),
+    "fp8": QuantizedGate(min_cosine=0.99, max_rel_error=0.1),
 }
 
 _NO_WEIGHT_ONLY = (
@@ -56,14 +68,18 @@ _PORTABLE = (
     "OperatorMissing); use target xnnpack, which runs them inside its delegate"
 )
 _TENSORRT = (
-    "torchao and PT2E schemes produce CPU (XNNPACK) programs; TensorRT's own low-precision modes "
-    "are set through the tensorrt target's precision; remove quantization or use target xnnpack"
+    "torchao and PT2E schemes produce CPU (XNNPACK) programs; on target tensorrt use scheme int8 or fp8 "
+    "(ModelOpt post-training quantization built into the engines), or use target xnnpack"
+)
+_CPU_TARGETS = (
+    "int8 and fp8 are TensorRT schemes: ModelOpt's tensorrt::quantize_op has a TensorRT converter and no "
+    "ExecuTorch CPU kernel; on a CPU target use int8-dynamic, int8da4w or int8-static"
 )
 #: Why a target refuses a scheme; a (target, scheme) pair not listed is supported.
 REFUSED: dict[str, dict[str, str]] = {
-    "xnnpack": {"int8-weight-only": _NO_WEIGHT_ONLY},
-    "portable": {scheme: _PORTABLE for scheme in SCHEMES},
-    "tensorrt": {scheme: _TENSORRT for scheme in SCHEMES},
+    "xnnpack": {"int8-weight-only": _NO_WEIGHT_ONLY, **{scheme: _CPU_TARGETS for scheme in TENSORRT_SCHEMES}},
+    "portable": {**{scheme: _PORTABLE for scheme in CPU_SCHEMES}, **{scheme: _CPU_TARGETS for scheme in TENSORRT_SCHEMES}},
+    "tensorrt": {scheme: _TENSORRT for scheme in CPU_SCHEMES},
 }
 
 
@@ -72,11 +88,13 @@ class QuantizationFacts(BaseModel):
 
     scheme: str
     group_size: int | None = Field(None, description="Weights per scale (int8da4w only).")
-    calibration: str | None = Field(None, description="Where int8-static took its activation ranges from.")
-    calibration_samples: int = Field(0, description="Input tuples the calibration ran (int8-static).")
+    calibration: str | None = Field(None, description="Where int8-static, int8 or fp8 took its activation ranges from.")
+    calibration_samples: int = Field(0, description="Input tuples the calibration ran (int8-static, int8, fp8).")
     torchao: str | None = Field(None, description="torchao version that quantized the model.")
+    modelopt: str | None = Field(None, description="nvidia-modelopt version that quantized the model (int8, fp8).")
     quantized_linears: int | None = Field(
-        None, description="Linear layers torchao quantized (None for int8-static: PT2E annotates operators, not layers)."
+        None, description="Linear layers torchao quantized (None for calibrated schemes: PT2E annotates operators, "
+        "ModelOpt inserts quantizers into every supported layer)."
     )
     float_linears: list[str] = Field(
         default_factory=list, description="Linear layers left in float: in_features not a multiple of group_size."
@@ -106,6 +124,23 @@ def torchao_version() -> str | None:
         return version("torchao")
     except PackageNotFoundError:
         return None
+
+
+def modelopt_version() -> str | None:
+    """The installed nvidia-modelopt's version (the TensorRT schemes need it), or None."""
+    try:
+        return version("nvidia-modelopt")
+    except PackageNotFoundError:
+        return None
+
+
+def quantizer_versions(quantization: QuantizationSpec | None) -> dict[str, str | None]:
+    """The version of the library that rounds a quantized build's weights (it decides the bundle too); {} if float."""
+    if quantization is None:
+        return {}
+    if quantization.scheme in TENSORRT_SCHEMES:
+        return {"modelopt": modelopt_version()}
+    return {"torchao": torchao_version()}
 
 
 def _require_torchao() -> None:
@@ -148,7 +183,7 @@ def _torchao_config(quantization: QuantizationSpec) -> Any:
 def quantize_model(model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
     """A copy of ``model`` with its linear layers quantized by torchao (the int8-static scheme quantizes per method)."""
     quantization = spec.quantization
-    if quantization is None or quantization.scheme == "int8-static":
+    if quantization is None or quantization.scheme in CALIBRATED_SCHEMES:
         return model
     _require_torchao()
     from torchao.quantization import quantize_
@@ -165,7 +200,7 @@ def linear_facts(model: torch.nn.Module, quantization: QuantizationSpec) -> tupl
     """How many linears a torchao scheme quantizes and which ones it leaves in float."""
     import torch
 
-    if quantization.scheme == "int8-static":
+    if quantization.scheme in CALIBRATED_SCHEMES:
         return None, []
     fits = _quantizable(quantization)
     linears = [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -174,7 +209,7 @@ def linear_facts(model: torch.nn.Module, quantization: QuantizationSpec) -> tupl
 
 
 def calibration_inputs(spec: BuildSpec, name: str) -> tuple[str, list[tuple[Any, ...]]]:
-    """The input tuples int8-static calibrates ``name`` on, and their source in words."""
+    """The input tuples a calibrated scheme calibrates ``name`` on, and their source in words."""
     from prefect_executorch.inputs import load_dataset
     from prefect_executorch.validator import case_inputs
 
@@ -222,7 +257,7 @@ def build_facts(spec: BuildSpec, model: torch.nn.Module, calibration: str | None
         group_size=spec.quantization.effective_group_size if spec.quantization.scheme == "int8da4w" else None,
         calibration=None if calibration is None else f"{calibration} ({samples} samples)",
         calibration_samples=samples,
-        torchao=torchao_version(),
+        **quantizer_versions(spec.quantization),
         quantized_linears=quantized,
         float_linears=left,
     )
@@ -235,11 +270,17 @@ def quantized_methods(
     from prefect_executorch.inputs import dynamic_shapes, example_inputs
     from prefect_executorch.modelref import method_module
 
-    quantized = quantize_model(model, spec)
+    source: str | None
+    if spec.quantization is not None and spec.quantization.scheme in TENSORRT_SCHEMES:
+        from prefect_executorch.targets.tensorrt_quant import quantize_with_modelopt
+
+        quantized, source, samples = quantize_with_modelopt(model, spec)
+    else:
+        quantized, source, samples = quantize_model(model, spec), None, 0
     modules: dict[str, torch.nn.Module] = {}
-    source, samples = None, 0
     for name, method in spec.methods.items():
         module = method_module(quantized, name, method.attribute)
         args = example_inputs(method, seed=spec.validation.seed)
-        modules[name], source, samples = quantize_method(module, name, args, dynamic_shapes(method), spec)
+        modules[name], method_source, method_samples = quantize_method(module, name, args, dynamic_shapes(method), spec)
+        source, samples = method_source or source, method_samples or samples
     return modules, build_facts(spec, model, source, samples) if spec.quantization else None

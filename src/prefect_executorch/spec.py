@@ -362,9 +362,9 @@ class CalibrationSpec(StrictModel):
 class QuantizationSpec(StrictModel):
     """Quantize the model before lowering: torchao for the dynamic schemes, PT2E for int8-static."""
 
-    scheme: str = Field(description="int8-dynamic | int8da4w | int8-weight-only | int8-static.")
+    scheme: str = Field(description="int8-dynamic | int8da4w | int8-weight-only | int8-static (CPU); int8 | fp8 (tensorrt).")
     group_size: int | None = Field(None, ge=2, description="Weights per scale of int8da4w (default 32).")
-    calibration: CalibrationSpec | None = Field(None, description="int8-static only; default: the validation samples.")
+    calibration: CalibrationSpec | None = Field(None, description="int8-static, int8, fp8; default: the validation samples.")
 
     @field_validator("scheme")
     @classmethod
@@ -379,8 +379,11 @@ class QuantizationSpec(StrictModel):
     def _options_fit_scheme(self) -> QuantizationSpec:
         if self.group_size is not None and self.scheme != "int8da4w":
             raise ValueError(f"group_size applies to int8da4w only, not {self.scheme!r}; remove it")
-        if self.calibration is not None and self.scheme != "int8-static":
-            raise ValueError(f"calibration applies to int8-static only ({self.scheme!r} needs none); remove it")
+        from prefect_executorch.quantization import CALIBRATED_SCHEMES
+
+        if self.calibration is not None and self.scheme not in CALIBRATED_SCHEMES:
+            raise ValueError(f"calibration applies to {', '.join(CALIBRATED_SCHEMES)} only ({self.scheme!r} needs none); "
+                             "remove it")
         return self
 
     @property

@@ -60,6 +60,7 @@ class Toolchain(BaseModel):
     torch_tensorrt: str | None = None
     tensorrt: str | None = None
     tensorrt_executorch_runtime: str | None = None
+    modelopt: str | None = Field(None, description="nvidia-modelopt version (the TensorRT int8/fp8 schemes need it).")
     cuda_available: bool = False
     cuda_version: str | None = Field(None, description="CUDA version torch was built with (torch.version.cuda).")
     cuda_channel: str | None = Field(None, description="'cu130', 'cu132'... or None for a CPU build.")

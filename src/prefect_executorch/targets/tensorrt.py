@@ -18,7 +18,8 @@ from prefect_executorch.calls import Call, LiveSources, Ref, Slot, Step, check_c
 from prefect_executorch.compat import gpu_compat
 from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.hostprobe import channel_of
-from prefect_executorch.quantization import check_scheme
+from prefect_executorch.quantization import check_scheme, compat_tag
+from prefect_executorch.targets import tensorrt_quant
 from prefect_executorch.targets.base import PROGRAM_FILE, MemoryLimit, Target
 from prefect_executorch.targets.options import TensorRTOptions
 from prefect_executorch.toolchain import channel_cuda_major
@@ -402,7 +403,8 @@ class TensorRTTarget(Target):
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         check_scheme(spec, self.name)
         options = _options(spec)
-        spec_problems = _spec_problems(spec, options) + _compile_option_problems(options, toolchain)
+        spec_problems = (_spec_problems(spec, options) + _compile_option_problems(options, toolchain)
+                         + tensorrt_quant.spec_problems(spec, options.precision, options.hardware_compatible))
         if spec_problems:
             raise SpecError("invalid spec for target tensorrt:\n  - " + "\n  - ".join(spec_problems))
         install = worker_install(toolchain)
@@ -410,6 +412,7 @@ class TensorRTTarget(Target):
             _platform_problems(toolchain, install)
             + _library_problems(toolchain, install)
             + _option_problems(spec, options, toolchain)
+            + tensorrt_quant.toolchain_problems(spec, toolchain)
         )
         if problems:
             raise ToolchainMismatch(
@@ -422,7 +425,7 @@ class TensorRTTarget(Target):
         try:
             return gpu_compat(toolchain.cuda_channel, "sm80" if options.hardware_compatible else toolchain.sm,
                               toolchain.arch, toolchain.tensorrt, sm_or_newer=options.hardware_compatible,
-                              tensorrt_or_newer=options.version_compatible)
+                              tensorrt_or_newer=options.version_compatible, quantization=compat_tag(spec.quantization))
         except SpecError as exc:
             raise ToolchainMismatch(f"the compat key of a TensorRT bundle cannot be built on this worker: {exc}") from None
 
@@ -430,7 +433,8 @@ class TensorRTTarget(Target):
         self, module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any, spec: BuildSpec
     ) -> ExportedProgram:
         # Engines are built from a CUDA graph: export on the device they will run on.
-        return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
+        with tensorrt_quant.export_context(spec):
+            return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
 
     def lower(
         self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
@@ -440,6 +444,7 @@ class TensorRTTarget(Target):
         from prefect_executorch.inputs import dynamic_shapes, example_inputs
         from prefect_executorch.program import read_program
 
+        tensorrt_quant.require_quantize_converter(spec)
         steps = build_steps(spec)
         # dynamo.compile drops keywords it does not know: compare every call with what the installed
         # libraries accept (their signatures; for **kwargs, what their source reads) before any work.
