@@ -35,10 +35,10 @@ class ModelRef(NamedTuple):
     @classmethod
     def check(cls, reference: str, noun: str = "function") -> ModelRef:
         """``reference`` split, or ValueError naming the two forms (``noun``: what the function is)."""
-        module, sep, function = reference.rpartition(":")
-        if not sep or not module or not function.isidentifier():
+        ref = cls.split(reference)
+        if not ref.module or not ref.function.isidentifier():  # no colon leaves the module side empty
             raise ValueError(f"{reference!r} must be 'package.module:{noun}' or 'path/to/file.py:{noun}'")
-        return cls(module, function)
+        return ref
 
     @property
     def is_file(self) -> bool:
