@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
+from pathlib import Path
+
 from pydantic import ValidationError
 
 from prefect_executorch.artifacts.catalog import Resolved, resolve
-from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey
-from prefect_executorch.artifacts.registry import list_bundles
+from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey, Manifest
+from prefect_executorch.artifacts.registry import list_bundles, pull
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import SpecError
 from prefect_executorch.toolchain import Toolchain
@@ -42,3 +45,9 @@ def resolve_published(
     is_version = bool(list_bundles(store, name, alias_or_version))
     return resolve(store, name, version=alias_or_version if is_version else None,
                    alias=None if is_version else alias_or_version, target=target, toolchain=toolchain)
+
+
+def pull_fresh(store: ObjectStore, key: BundleKey, root: Path, manifest_sha256: str | None = None) -> tuple[Manifest, Path]:
+    """Pull ``key`` into a new directory under ``root`` named after the key, every file checked; return both."""
+    dest = root / f"{key.prefix.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
+    return pull(store, key, dest, manifest_sha256=manifest_sha256), dest

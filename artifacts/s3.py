@@ -352,7 +352,8 @@ class S3Store(ObjectStore):
         return ObjectInfo(key=key, size=int(response["ContentLength"]), etag=_etag(response),
                           last_modified=response["LastModified"], sha256=response.get("Metadata", {}).get(SHA256_META))
 
-    def existing_sha256(self, key: str) -> str | None:
+    def _existing_sha256(self, key: str) -> str | None:
+        """sha256 of the object at ``key`` (None if absent): its stored checksum, else its streamed content."""
         info = self.head(key)
         if info is None:
             return None
@@ -426,7 +427,7 @@ class S3Store(ObjectStore):
 
     def _exists_error(self, key: str) -> ObjectExists:
         return ObjectExists(f"{self._where(key)} already exists; nothing was overwritten", key=key,
-                            existing_sha256=self.existing_sha256(key))
+                            existing_sha256=self._existing_sha256(key))
 
     def put_bytes(self, key: str, data: bytes, *, if_match: str | None = None) -> PutResult:
         sha = hashlib.sha256(data).hexdigest()

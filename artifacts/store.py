@@ -111,12 +111,6 @@ class ObjectStore(ABC):
         """Whether ``key`` exists."""
         return self.head(key) is not None
 
-    def existing_sha256(self, key: str) -> str | None:
-        """sha256 of the object at ``key`` (None if absent); subclasses may use stored checksums."""
-        if self.head(key) is None:
-            return None
-        return hashlib.sha256(self.get_bytes(key)[0]).hexdigest()
-
 
 class LocalStore(ObjectStore):
     """A directory with the same layout as the S3 store; etags are content sha256s."""

@@ -10,8 +10,8 @@ from prefect import flow
 
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
-from prefect_executorch.tasks.locate import pull_published
 from prefect_executorch.tasks.probe import check_buildable, probe_toolchain
+from prefect_executorch.tasks.pull import pull_published
 from prefect_executorch.tasks.validate import validate_pulled
 
 

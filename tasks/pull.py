@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.artifacts.catalog import AUTO, resolve
+from prefect_executorch.artifacts.catalog import AUTO, Resolved, resolve
+from prefect_executorch.artifacts.locate import pull_fresh, resolve_published
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, Manifest
 from prefect_executorch.artifacts.registry import pull
 from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.tasks.events import PULLED, emit_bundle_event
 from prefect_executorch.tasks.retries import retry_transient
+from prefect_executorch.toolchain import Toolchain
 
 if TYPE_CHECKING:
     from prefect.blocks.core import Block
@@ -35,6 +37,22 @@ def pull_bundle(
     manifest = pull(opened, resolved.key, Path(dest), manifest_sha256=resolved.manifest_sha256)
     emit_bundle_event(PULLED, resolved.key, opened.url, sha256_file(Path(dest) / MANIFEST_FILE),
                       payload={"dest": dest, "alias": alias, "reason": resolved.reason})
+    _log_pulled(resolved, Path(dest), manifest)
+    return manifest
+
+
+@task(name="pull-published")
+def pull_published(
+    store: str, name: str, alias_or_version: str, target: str, toolchain: Toolchain, output_root: Path
+) -> tuple[Manifest, Path]:
+    """Pull ``name`` at a version or alias (the bundle fit to this worker) under ``output_root``, every file checked."""
+    opened = open_store(store)
+    resolved = resolve_published(opened, name, alias_or_version, target, toolchain)
+    manifest, dest = pull_fresh(opened, resolved.key, output_root, resolved.manifest_sha256)
+    _log_pulled(resolved, dest, manifest)
+    return manifest, dest
+
+
+def _log_pulled(resolved: Resolved, dest: Path, manifest: Manifest) -> None:
     get_run_logger().info("pulled %s (%s) into %s; %d files verified", resolved.key.prefix, resolved.reason, dest,
                           len(manifest.files))
-    return manifest

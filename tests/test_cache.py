@@ -162,7 +162,7 @@ def test_samples_and_datasets_count_by_content_not_by_path(make_spec, tmp_path: 
 def test_checking_a_package_model_reference_runs_none_of_its_code(make_spec, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect_executorch.errors import SpecError
-    from prefect_executorch.fingerprint import model_source_file
+    from prefect_executorch.modelref import source_file
 
     package = tmp_path / "zoo" / "vision"
     package.mkdir(parents=True)
@@ -172,7 +172,7 @@ def test_checking_a_package_model_reference_runs_none_of_its_code(make_spec, tmp
     monkeypatch.syspath_prepend(str(tmp_path))
     spec = make_spec("mlp").model_copy(update={"model": "zoo.vision.nets:build"})
     spec.check_model_reference()
-    assert model_source_file(spec.model) == package / "nets.py"
+    assert source_file(spec.model) == package / "nets.py"
     assert not list(tmp_path.glob("ran-*")), "a package __init__ ran"
     for missing in ("zoo.vision.nope:build", "zoo.nets.vision:build", "nowhere_at_all:build"):
         with pytest.raises(SpecError, match=f"model: no module named {missing.split(':')[0]!r}"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_executorch.compat import cpu_compat, fit, gpu_compat, parse_compat
+from prefect_executorch.compat import cpu_compat, fit, gpu_compat, parse_compat, parse_sm, sm_number
 from prefect_executorch.errors import SpecError
 from prefect_executorch.toolchain import GpuInfo, Toolchain
 
@@ -69,3 +69,13 @@ def test_specific_beats_portable() -> None:
     assert fit("cu132-sm90-trt11.1-x86_64", H100).rank > fit("cu132-sm80plus-trt11.1plus-x86_64", H100).rank
     assert fit("cu132-sm80plus-trt11.1-x86_64", H100).rank > fit("cu132-sm80plus-trt11.1plus-x86_64", H100).rank
     assert fit("cpu-xnnpack-x86_64", CPU_HOST).rank > fit("cpu-portable-x86_64", CPU_HOST).rank
+
+
+def test_one_sm_parser_reads_probes_placements_and_queues() -> None:
+    assert parse_sm("sm90") == (90, False) and parse_sm("sm100") == (100, False)
+    assert parse_sm("sm80plus") == (80, True)
+    for bad in ("90", "sm9", "sm1000", "sm90+", "SM90", "", None):
+        assert parse_sm(bad) is None, bad
+    assert sm_number("sm80plus") == 80
+    with pytest.raises(ValueError, match="'sm9' is not a GPU arch like 'sm90' or 'sm80plus'"):
+        sm_number("sm9")

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from prefect_executorch.latency import AGREEING_WINDOWS, agree, measure, measure_together, percentile
+from prefect_executorch.latency import AGREEING_WINDOWS, agree, measure_together, percentile
 
 
 def busy(seconds: float) -> None:
@@ -31,7 +31,7 @@ def test_percentiles_are_inclusive_and_ordered() -> None:
 
 
 def test_a_steady_call_stabilises_with_its_percentiles() -> None:
-    stats = measure(lambda: busy(0.001), min_runs=5, warmup=1, max_seconds=20)
+    (stats,) = measure_together([lambda: busy(0.001)], min_runs=5, warmup=1, max_seconds=20)
     assert stats.stable, stats.describe()
     assert stats.windows >= AGREEING_WINDOWS and stats.runs == stats.windows * stats.runs_per_window
     assert len(stats.window_medians_ms) == stats.windows
@@ -47,7 +47,7 @@ def test_a_drifting_call_never_stabilises_and_stops_at_the_cap() -> None:
         busy(0.0002 * calls[0])
 
     started = time.monotonic()
-    stats = measure(slower_each_time, min_runs=3, warmup=0, max_seconds=0.5)
+    (stats,) = measure_together([slower_each_time], min_runs=3, warmup=0, max_seconds=0.5)
     assert not stats.stable and "NOT stable" in stats.describe()
     assert time.monotonic() - started < 3
     assert stats.window_medians_ms == sorted(stats.window_medians_ms)  # it really drifted

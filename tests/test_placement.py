@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from prefect_executorch.fleet import plan_pools, pool_template
 from prefect_executorch.placement import MatrixCell, Placement, install_command, route
 from prefect_executorch.toolchain import GpuInfo, Toolchain, probe
-from prefect_executorch.worker import advertised, default_worker_name
+from prefect_executorch.worker import TOOLCHAIN_ENV, advertised, default_worker_name, worker_toolchain
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -80,6 +80,15 @@ def test_the_real_h200_probe_and_this_machine() -> None:
     assert _route(here, "cpu", "default").accepted
     no_gpu = _route(here, "gpu-cu132", "sm90")
     assert not no_gpu.accepted and "no CUDA" in no_gpu.reason and f"torch {here.torch}" in no_gpu.reason
+
+
+def test_a_worker_started_without_the_cli_probes_this_machine_in_a_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(TOOLCHAIN_ENV, H200_CU132.model_dump_json())
+    assert worker_toolchain() == H200_CU132
+    monkeypatch.delenv(TOOLCHAIN_ENV)
+    found = worker_toolchain()
+    here = probe()
+    assert (found.arch, found.torch, found.cuda_channel, found.gpus) == (here.arch, here.torch, here.cuda_channel, here.gpus)
 
 
 def test_contradicting_sources_are_refused_before_the_toolchain_is_asked() -> None:

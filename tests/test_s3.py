@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from prefect import flow
 from test_build import check_bundle_runs
 from typer.testing import CliRunner
 
@@ -48,7 +47,6 @@ from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.spec import BuildSpec, parse_spec
-from prefect_executorch.tasks.pull import pull_bundle
 from prefect_executorch.testing.seaweedfs import SeaweedS3, free_port
 from prefect_executorch.toolchain import GpuInfo, Toolchain, probe
 
@@ -101,12 +99,6 @@ def synthetic(root: Path, built: Built, version: str, *, ptd: bytes | None = Non
         "created_at": datetime.now(UTC),
     })
     return bundle, manifest
-
-
-@flow
-def pull_in_a_flow(store: str, name: str, dest: str, version: str, compat: str) -> Manifest:
-    """The pull task as a deployment runs it."""
-    return pull_bundle(store, name, dest, version=version, compat=compat)
 
 
 def count_requests(store: S3Store) -> list[str]:

@@ -8,6 +8,7 @@ import pytest
 
 from prefect_executorch.errors import SpecError
 from prefect_executorch.inputs import dynamic_shapes, shape_points
+from prefect_executorch.modelref import ModelRef
 from prefect_executorch.spec import load_spec, parse_spec
 
 from helpers import spec_data
@@ -106,3 +107,14 @@ def test_shape_points_cover_min_opt_max_and_share_named_dims() -> None:
     assert points == [("min", [[1, 3], [1, 5]]), ("opt", [[4, 3], [4, 5]]), ("max", [[8, 3], [8, 5]])]
     shapes = dynamic_shapes(spec.methods["forward"])
     assert shapes is not None and shapes[0][0] is shapes[1][0]
+
+
+def test_one_parser_reads_every_model_reference() -> None:
+    assert ModelRef.check("zoo.vision.nets:build", noun="factory") == ("zoo.vision.nets", "build")
+    assert not ModelRef.check("zoo.nets:build").is_file and ModelRef.check("models/net.py:build").is_file
+    assert ModelRef.split("a.py:b:c") == ("a.py:b", "c")  # the last colon splits
+    for bad in ("no_colon", ":build", "zoo.nets:", "zoo.nets:1build", "zoo.nets:a-b"):
+        with pytest.raises(ValueError, match=f"{bad!r} must be 'package.module:factory' or 'path/to/file.py:factory'"):
+            ModelRef.check(bad, noun="factory")
+        with pytest.raises(SpecError, match="model: .* must be 'package.module:factory'"):
+            parse_spec(spec_data(model=bad))

@@ -289,7 +289,6 @@ def validate(
     """Run a program and the eager model on the same inputs; exit 1 on a mismatch or a failed gate."""
     import shutil
     import tempfile
-    import uuid
 
     from prefect_executorch.errors import SpecError
     from prefect_executorch.spec import load_spec
@@ -303,13 +302,11 @@ def validate(
     root = output or Path(tempfile.mkdtemp(prefix="prefect-executorch-validate-"))
     try:
         if bundle is not None:
-            from prefect_executorch.artifacts.locate import parse_manifest_url
-            from prefect_executorch.artifacts.registry import pull
+            from prefect_executorch.artifacts.locate import parse_manifest_url, pull_fresh
             from prefect_executorch.artifacts.store import open_store
 
             store, key = parse_manifest_url(bundle)
-            bundle_dir = root / f"{key.prefix.replace('/', '-')}-{uuid.uuid4().hex[:8]}"
-            manifest = pull(open_store(store), key, bundle_dir)
+            manifest, bundle_dir = pull_fresh(open_store(store), key, root)
             console.print(f"pulled and verified {key.prefix} ({len(manifest.files)} files) into {bundle_dir}")
             _revalidation_notes(spec, manifest)
             data_files, delegation = manifest.data_files, manifest.delegation()
@@ -413,13 +410,13 @@ def pull(
     run_cases: bool = typer.Option(False, "--verify", help="Also run the bundle's test cases (model.bpte) here first."),
 ) -> None:
     """Download a bundle, verify every sha256 and the .pte/.ptd pairing, then move it into place."""
+    from prefect_executorch.artifacts import registry
     from prefect_executorch.artifacts.catalog import resolve
-    from prefect_executorch.artifacts.registry import pull as pull_bundle
     from prefect_executorch.bundled import run_bundled_cases
 
     opened = _open(store, endpoint_url)
     resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
-    manifest = pull_bundle(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256, check=(
+    manifest = registry.pull(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256, check=(
         (lambda staged, got: run_bundled_cases(staged, got.target, got.data_files, got.bundled, scratch_dir=to.parent))
         if run_cases else None))
     console.print(f"[bold green]pulled[/] {resolved.key.prefix} ({resolved.reason}) into {to}")

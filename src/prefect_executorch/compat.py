@@ -32,6 +32,7 @@ _GPU_RE = re.compile(
     r"^(?P<channel>cu\d{3})-sm(?P<sm>\d{2,3})(?P<plus>plus)?"
     r"-trt(?P<trt>\d+\.\d+)(?P<trt_plus>plus)?-(?P<arch>[a-z0-9_]+)(?:-(?P<quant>int8|fp8))?$"
 )
+_SM_RE = re.compile(r"^sm(\d{2,3})(plus)?$")
 
 
 class Compat(BaseModel):
@@ -95,8 +96,24 @@ def gpu_compat(cuda_channel: str | None, sm: str | None, arch: str, tensorrt: st
     return parse_compat(key).key  # the builder and the matcher agree on the shape
 
 
+def parse_sm(sm: str | None) -> tuple[int, bool] | None:
+    """``sm90`` -> (90, False); ``sm80plus`` (that arch or newer) -> (80, True); None for anything else."""
+    match = _SM_RE.match(sm or "")
+    return (int(match.group(1)), bool(match.group(2))) if match else None
+
+
+def sm_number(sm: str) -> int:
+    """``sm90`` -> 90; ``sm80plus`` -> 80; ValueError for anything else."""
+    parsed = parse_sm(sm)
+    if parsed is None:
+        raise ValueError(f"{sm!r} is not a GPU arch like 'sm90' or 'sm80plus'")
+    return parsed[0]
+
+
 def _sm_number(sm: str | None) -> int | None:
-    return int(sm[2:]) if sm and sm.startswith("sm") and sm[2:].isdigit() else None
+    """A probed arch (``sm90``; a probe never says ``plus``) as a number, None when absent or unreadable."""
+    parsed = parse_sm(sm)
+    return parsed[0] if parsed and not parsed[1] else None
 
 
 def fit(key: str, toolchain: Toolchain) -> Fit:

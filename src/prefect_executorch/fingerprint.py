@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from prefect_executorch.errors import SpecError
 from prefect_executorch.hashing import sha256_file
-from prefect_executorch.modelref import module_source
+from prefect_executorch.modelref import ModelRef, source_file
 from prefect_executorch.quantization import quantizer_versions
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.toolchain import Toolchain
@@ -39,19 +37,10 @@ class BuildFingerprint(BaseModel):
         return hashlib.sha256(text.encode()).hexdigest()
 
 
-def model_source_file(model: str, field: str = "model") -> Path:
-    """The file that defines the function of ``'path.py:function'`` or ``'package.module:function'``."""
-    module = model.rpartition(":")[0]
-    path = Path(module) if module.endswith(".py") else module_source(module, field)
-    if not path.is_file():
-        raise SpecError(f"{field}: file {module!r} does not exist (resolved relative to the spec file)")
-    return path
-
-
 def normalized_spec(spec: BuildSpec) -> dict[str, object]:
     """The spec without what does not change the bundle: file paths (hashed instead) and time limits."""
     data = spec.model_dump(mode="json", exclude={"weights", "export_timeout_s"})
-    data["model"] = spec.model.rpartition(":")[2]
+    data["model"] = ModelRef.split(spec.model).function
     validation: dict[str, Any] = data["validation"]  # type: ignore[assignment]
     validation.pop("timeout_s", None)
     # Samples are data: a file edited in place must miss the cache, a moved one must not.
@@ -71,14 +60,14 @@ def normalized_spec(spec: BuildSpec) -> dict[str, object]:
 
 def _function_digest(reference: str, field: str) -> str:
     """``<sha256 of the defining file>:<function>``: a dataset counts by its source, not where it lives."""
-    return f"{sha256_file(model_source_file(reference, field))}:{reference.rpartition(':')[2]}"
+    return f"{sha256_file(source_file(reference, field))}:{ModelRef.split(reference).function}"
 
 
 def build_fingerprint(spec: BuildSpec, toolchain: Toolchain, compat: str, store: str) -> BuildFingerprint:
     """Hash the weights and the model source and collect the rest of what decides the bundle."""
     return BuildFingerprint(
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,
-        model_source_sha256=sha256_file(model_source_file(spec.model)),
+        model_source_sha256=sha256_file(source_file(spec.model)),
         spec=normalized_spec(spec),
         toolchain={**toolchain.versions(), "os": toolchain.os, "arch": toolchain.arch,
                    # torchao (ModelOpt for TensorRT) rounds a quantized build's weights: its version decides that bundle too.

@@ -13,11 +13,11 @@ child as a fresh interpreter instead.
 
 from __future__ import annotations
 
-import importlib
 import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import pkgutil
 import resource
 import shutil
 import signal
@@ -276,8 +276,7 @@ def _describe_chain(exc: BaseException) -> str:
 
 
 def _resolve(command: str) -> Callable[[dict[str, Any]], BaseModel]:
-    module, _, function = COMMANDS[command].partition(":")
-    return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
+    return pkgutil.resolve_name(COMMANDS[command])  # type: ignore[no-any-return]
 
 
 def _child_main(

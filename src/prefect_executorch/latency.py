@@ -111,8 +111,3 @@ def measure_together(
         settled = [agree(timer.medians()) for timer in timers]
         if all(settled) or time.monotonic() >= deadline:
             return [timer.stats(stable) for timer, stable in zip(timers, settled, strict=False)]
-
-
-def measure(call: Callable[[], Any], *, min_runs: int = 5, warmup: int = 2, max_seconds: float = 5.0) -> LatencyStats:
-    """Time one callable in windows until its last windows agree, or ``max_seconds`` pass."""
-    return measure_together([call], min_runs=min_runs, warmup=warmup, max_seconds=max_seconds)[0]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.fingerprint import model_source_file
 from prefect_executorch.hashing import sha256_file
+from prefect_executorch.modelref import ModelRef, source_file
 from prefect_executorch.spec import BuildSpec
 
 GIT_TIMEOUT_S = 10
@@ -65,11 +65,11 @@ def git_state(path: Path) -> tuple[GitState | None, Path | None]:
 
 def collect_lineage(spec: BuildSpec, weights_uri: str | None = None, training_run: str | None = None) -> Lineage:
     """The lineage of a build of ``spec`` on this machine."""
-    source = model_source_file(spec.model).resolve()
+    source = source_file(spec.model).resolve()
     git, root = git_state(source)
     path = str(source.relative_to(root.resolve())) if root else source.name
     return Lineage(
-        model=spec.model.rpartition(":")[2],
+        model=ModelRef.split(spec.model).function,
         sources=[SourceDigest(path=path, sha256=sha256_file(source))],
         git=git,
         weights_uri=weights_uri or spec.weights,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.util
@@ -9,7 +10,7 @@ import pickle
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prefect_executorch.errors import SpecError
 
@@ -17,6 +18,32 @@ if TYPE_CHECKING:
     import torch
 
     from prefect_executorch.spec import BuildSpec
+
+
+class ModelRef(NamedTuple):
+    """A reference ``package.module:function`` or ``path/to/file.py:function``, split at its last colon."""
+
+    module: str
+    function: str
+
+    @classmethod
+    def split(cls, reference: str) -> ModelRef:
+        """The two sides of ``reference`` (either may be empty: ``check`` says whether it is well formed)."""
+        module, _, function = reference.rpartition(":")
+        return cls(module, function)
+
+    @classmethod
+    def check(cls, reference: str, noun: str = "function") -> ModelRef:
+        """``reference`` split, or ValueError naming the two forms (``noun``: what the function is)."""
+        ref = cls.split(reference)
+        if not ref.module or not ref.function.isidentifier():  # no colon leaves the module side empty
+            raise ValueError(f"{reference!r} must be 'package.module:{noun}' or 'path/to/file.py:{noun}'")
+        return ref
+
+    @property
+    def is_file(self) -> bool:
+        """Whether the module side is a path to a ``.py`` file."""
+        return self.module.endswith(".py")
 
 
 def module_source(module: str, field: str = "model") -> Path:
@@ -44,11 +71,42 @@ def module_source(module: str, field: str = "model") -> Path:
     return Path(found.origin)
 
 
+def source_file(reference: str, field: str = "model") -> Path:
+    """The file that defines the function of ``'path.py:function'`` or ``'package.module:function'``."""
+    ref = ModelRef.split(reference)
+    path = Path(ref.module) if ref.is_file else module_source(ref.module, field)
+    if not path.is_file():
+        raise SpecError(f"{field}: file {ref.module!r} does not exist (resolved relative to the spec file)")
+    return path
+
+
+def check_factory(reference: str) -> None:
+    """Check, without running user code, that the model factory of ``reference`` can be found."""
+    ref = ModelRef.split(reference)
+    path = source_file(reference)
+    if not ref.is_file:
+        return  # module_source found the module without running the package's code
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = {
+        node.name
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+    } | {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    if ref.function not in names:
+        raise SpecError(f"model: {ref.module!r} defines no top-level {ref.function!r}; name a function that returns a torch.nn.Module")
+
+
 def load_factory(reference: str, field: str = "model") -> Callable[[], Any]:
     """Import ``module:factory`` or ``path/file.py:factory`` (the spec's ``field``) and return the factory."""
-    module_name, _, factory_name = reference.rpartition(":")
+    module_name, factory_name = ref = ModelRef.split(reference)
     try:
-        if module_name.endswith(".py"):
+        if ref.is_file:
             unique = "_prefect_executorch_model_" + hashlib.sha256(module_name.encode()).hexdigest()[:12]
             spec = importlib.util.spec_from_file_location(unique, module_name)
             if spec is None or spec.loader is None:

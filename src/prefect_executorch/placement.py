@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from prefect_executorch.compat import parse_sm, sm_number
 from prefect_executorch.spec import BuildSpec, StrictModel, TargetSpec
 from prefect_executorch.targets import TARGETS
 from prefect_executorch.targets.tensorrt import install_command as tensorrt_install
@@ -24,7 +25,6 @@ DEFAULT_QUEUE = "default"
 GPU_ARCHS = ("sm80", "sm90", "sm100")
 
 _CHANNEL_RE = re.compile(r"^cu\d{3}$")
-_SM_RE = re.compile(r"^sm(\d{2,3})(plus)?$")
 _GPU_POOL_RE = re.compile(r"^gpu-(cu\d{3})$")
 
 def install_command(channel: str) -> str:
@@ -47,14 +47,6 @@ def channel_of_pool(pool: str | None) -> str | None:
     """The CUDA channel a pool name implies (``gpu-cu132`` -> ``cu132``), else None."""
     match = _GPU_POOL_RE.match(pool or "")
     return match.group(1) if match else None
-
-
-def sm_number(sm: str) -> int:
-    """``sm90`` -> 90; ``sm80plus`` -> 80."""
-    match = _SM_RE.match(sm)
-    if not match:
-        raise ValueError(f"{sm!r} is not a GPU arch like 'sm90' or 'sm80plus'")
-    return int(match.group(1))
 
 
 class Placement(StrictModel):
@@ -204,7 +196,7 @@ def requirements(
         conflict = _merge(needs, key, value, source)
         if conflict:
             conflicts.append(conflict)
-    if queue and _SM_RE.match(queue):
+    if queue and parse_sm(queue) is not None:
         if "sm" not in needs:
             needs["sm"] = Need(value=queue, source=f"work queue {queue!r}")
         elif not _fits(needs["sm"].value, queue):

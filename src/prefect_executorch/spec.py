@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import keyword
@@ -21,7 +20,7 @@ from pydantic import (
 )
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.modelref import module_source
+from prefect_executorch.modelref import ModelRef, check_factory
 from prefect_executorch.specbase import StrictModel, is_safe_name
 from prefect_executorch.targets import TargetSpec
 from prefect_executorch.targets.options import XnnpackOptions
@@ -286,9 +285,7 @@ class Tolerance(StrictModel):
 def _function_reference(value: str | None) -> str | None:
     """``value`` if it reads 'package.module:function' or 'path/to/file.py:function'."""
     if value is not None:
-        module, sep, function = value.rpartition(":")
-        if not sep or not module or not function.isidentifier():
-            raise ValueError(f"{value!r} must be 'package.module:function' or 'path/to/file.py:function'")
+        ModelRef.check(value)
     return value
 
 
@@ -462,11 +459,7 @@ class BuildSpec(StrictModel):
     @field_validator("model")
     @classmethod
     def _model_reference(cls, value: str) -> str:
-        module, sep, factory = value.rpartition(":")
-        if not sep or not module or not factory.isidentifier():
-            raise ValueError(
-                f"{value!r} must be 'package.module:factory' or 'path/to/file.py:factory'"
-            )
+        ModelRef.check(value, noun="factory")
         return value
 
     @property
@@ -487,27 +480,7 @@ class BuildSpec(StrictModel):
 
     def check_model_reference(self) -> None:
         """Check, without running user code, that the factory can be found."""
-        module, _, factory = self.model.rpartition(":")
-        if module.endswith(".py"):
-            path = Path(module)
-            if not path.is_file():
-                raise SpecError(f"model: file {module!r} does not exist (resolved relative to the spec file)")
-            tree = ast.parse(path.read_text(), filename=str(path))
-            names = {
-                node.name
-                for node in tree.body
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            } | {
-                target.id
-                for node in tree.body
-                if isinstance(node, ast.Assign)
-                for target in node.targets
-                if isinstance(target, ast.Name)
-            }
-            if factory not in names:
-                raise SpecError(f"model: {module!r} defines no top-level {factory!r}; name a function that returns a torch.nn.Module")
-        else:
-            module_source(module)  # finds it without running the package's code
+        check_factory(self.model)
         if self.weights is not None and not Path(self.weights).is_file():
             raise SpecError(f"weights: file {self.weights!r} does not exist")
 
@@ -555,7 +528,7 @@ def _resolve_sample_paths(validation: Any, base_dir: Path) -> Any:
             if isinstance(settings.get("samples_file"), str):
                 settings["samples_file"] = str((base_dir / settings["samples_file"]).resolve())
             dataset = settings.get("dataset")
-            if isinstance(dataset, str) and ".py:" in dataset:
+            if isinstance(dataset, str) and ModelRef.split(dataset).is_file:
                 settings["dataset"] = _resolve_file_reference(dataset, base_dir)
         methods[name] = settings
     return {**validation, "methods": methods}
@@ -565,14 +538,14 @@ def _resolve_calibration_path(quantization: Any, base_dir: Path) -> Any:
     """Resolve a ``.py`` calibration dataset against ``base_dir``."""
     calibration = quantization.get("calibration") if isinstance(quantization, dict) else None
     dataset = calibration.get("dataset") if isinstance(calibration, dict) else None
-    if not isinstance(calibration, dict) or not isinstance(dataset, str) or ".py:" not in dataset:
+    if not isinstance(calibration, dict) or not isinstance(dataset, str) or not ModelRef.split(dataset).is_file:
         return quantization
     return {**quantization, "calibration": {**calibration, "dataset": _resolve_file_reference(dataset, base_dir)}}
 
 
 def _resolve_file_reference(reference: str, base_dir: Path) -> str:
     """'path/file.py:function' with the path made absolute against ``base_dir``."""
-    path, _, function = reference.rpartition(":")
+    path, function = ModelRef.split(reference)
     return f"{(base_dir / path).resolve()}:{function}"
 
 
@@ -583,7 +556,7 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> BuildSpec:
     if base_dir is not None:
         data = dict(data)
         model = data.get("model")
-        if isinstance(model, str) and ".py:" in model:
+        if isinstance(model, str) and ModelRef.split(model).is_file:
             data["model"] = _resolve_file_reference(model, base_dir)
         weights = data.get("weights")
         if isinstance(weights, str):

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from typing import Any
 
 import anyio.abc
@@ -25,7 +23,7 @@ from pydantic import Field
 
 from prefect_executorch.placement import Decision, route
 from prefect_executorch.tasks.gpu import GPU_ENV, ensure_gpu_limits
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.toolchain import Toolchain, probe_isolated
 
 WORKER_TYPE = "executorch"
 #: The probe the CLI made before starting the worker, as JSON (saves a second torch import).
@@ -63,18 +61,11 @@ class ExecutorchVariables(ProcessVariables):
     install: str | None = Field(default=None, description=_INSTALL_HELP)
 
 
-def probe_in_child() -> Toolchain:
-    """Probe in a child process: the worker itself never imports torch or touches a GPU."""
-    out = subprocess.run(
-        [sys.executable, "-m", "prefect_executorch.toolchain"], capture_output=True, text=True, timeout=300, check=True
-    ).stdout
-    return Toolchain.model_validate_json(out)
-
-
 def worker_toolchain() -> Toolchain:
-    """The toolchain the CLI passed in the environment, else a fresh probe."""
+    """The toolchain the CLI passed in the environment, else a fresh probe in a child process."""
     passed = os.environ.get(TOOLCHAIN_ENV)
-    return Toolchain.model_validate_json(passed) if passed else probe_in_child()
+    # The probe's child, not the worker, imports torch and touches the GPU: the worker holds no CUDA context.
+    return Toolchain.model_validate_json(passed) if passed else probe_isolated()
 
 
 def worker_gpu() -> int | None:
