@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import spec_data
 from prefect_executorch import probecache
 from prefect_executorch.errors import SpecError
 from prefect_executorch.probecache import cached_toolchain, probe_cached, probe_key
+
+from helpers import spec_data
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 #: A child start method the isolation module refuses: any attempt to start a child then fails loudly.

@@ -107,10 +107,9 @@ def build(
     output: Path | None = typer.Option(None, "--output", help="Keep export directories here (default: temporary)."),
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
-    from prefect_executorch.spec import load_spec
-
     from prefect_executorch.probecache import cached_toolchain, probe_cached
     from prefect_executorch.progress import listening, stage
+    from prefect_executorch.spec import load_spec
 
     spec = load_spec(spec_path)
     spec.check_model_reference()
