@@ -36,7 +36,6 @@ DEBUG_ENV = "PREFECT_EXECUTORCH_DEBUG"
 def _quiet_defaults(debug: bool) -> None:
     # No telemetry from a build tool, and no surprise network calls in an offline build.
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # A fresh ephemeral database takes longer than Prefect's 20 s default on a small machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if debug:
