@@ -96,6 +96,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3, help="Builds per side (the median is compared).")
     args = parser.parse_args()
+    if args.repeat < 3:
+        parser.error("--repeat must be at least 3 (the medians are compared)")
     work = Path(tempfile.mkdtemp(prefix="bench-orchestration-"))
     env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_HOME": str(work / "prefect-home"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
