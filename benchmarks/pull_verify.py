@@ -18,8 +18,8 @@ import boto3
 from botocore.config import Config
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, report, spread  # noqa: E402
-from publish_1gib import timed, write_random  # noqa: E402
+from _common import interleaved, report  # noqa: E402
+from publish_1gib import throughput_figures, timed, write_random  # noqa: E402
 
 from prefect_executorch.artifacts.s3 import MiB, S3Settings, S3Store  # noqa: E402
 from prefect_executorch.hashing import sha256_file  # noqa: E402
@@ -62,17 +62,11 @@ def main() -> int:
         if {sha for _, _, sha in runs["baseline"] + runs["ours"]} != {want}:
             raise SystemExit(f"sha256 differs: stored {want}, runs {runs}")
         mib = size / MiB
-        base, ours_runs = spread([s for s, _, _ in runs["baseline"]]), spread([s for s, _, _ in runs["ours"]])
-        ours_rss = max(rss for _, rss, _ in runs["ours"])
-        passed = report("pull", base["median_s"] / ours_runs["median_s"], ">=0.95", {
+        ratio, ours_rss, figures = throughput_figures(
+            runs, mib, "baseline download_file + hashlib", "S3Store.download_file (hashed while received)")
+        passed = report("pull", ratio, ">=0.95", {
             "size_mib": round(mib),
-            "runs (interleaved; throughput ratio of the medians)": args.runs,
-            "baseline download_file + hashlib": base,
-            "baseline MiB/s (median)": round(mib / base["median_s"], 1),
-            "baseline peak RSS growth MiB (max)": round(max(rss for _, rss, _ in runs["baseline"]) / MiB),
-            "S3Store.download_file (hashed while received)": ours_runs,
-            "ours MiB/s (median)": round(mib / ours_runs["median_s"], 1),
-            "ours peak RSS growth MiB (max)": round(ours_rss / MiB),
+            **figures,
             "peak RSS growth within 128 MiB": ours_rss <= 128 * MiB,
         })
         return 0 if passed else 1
