@@ -7,9 +7,12 @@ import os
 import platform
 import resource
 import time
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -31,13 +34,22 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def spread(seconds: list[float]) -> dict[str, Any]:
+def spread(seconds: list[float], digits: int = 2, unit: str = "s") -> dict[str, Any]:
     """Median, min and max of repeated runs (goals are judged on the median), with every run."""
     ordered = sorted(seconds)
     middle = len(ordered) // 2
     median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    return {"median_s": round(median, 2), "min_s": round(ordered[0], 2), "max_s": round(ordered[-1], 2),
-            "runs_s": [round(value, 2) for value in seconds]}
+    return {f"median_{unit}": round(median, digits), f"min_{unit}": round(ordered[0], digits),
+            f"max_{unit}": round(ordered[-1], digits), f"runs_{unit}": [round(value, digits) for value in seconds]}
+
+
+def interleaved(sides: dict[str, Callable[[int], T]], runs: int) -> dict[str, list[T]]:
+    """Run every side once per round, ``runs`` rounds (round index passed in), so that load hits all alike."""
+    results: dict[str, list[T]] = {name: [] for name in sides}
+    for index in range(runs):
+        for name, call in sides.items():
+            results[name].append(call(index))
+    return results
 
 
 def report(name: str, ratio: float, goal: str, figures: dict[str, Any]) -> bool:

@@ -1,7 +1,9 @@
 """Cache hit: an unchanged rebuild of the demo model vs its full build, both through ``build_bundle``.
 
 Both run in this process against one ephemeral Prefect API, started (and timed) before either,
-with the settings the CLI uses for it (``embedded_settings``). Goal: rebuild / full build <= 0.05.
+with the settings the CLI uses for it (``embedded_settings``). Three full builds (each into its own
+store: the first also pays the child server's imports) and three rebuilds of the first; the ratio is
+of their medians. Goal: rebuild / full build <= 0.05.
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ def main() -> int:
         kwargs = dict(store=str(work / "store"), output=str(work / "out"), result_storage=str(work / "results"))
         started = time.perf_counter()
         first = build_bundle(spec, **kwargs)
-        full = time.perf_counter() - started
+        fulls = [time.perf_counter() - started]
+        for index in (1, 2):  # new stores: a store is part of the cache key, so these build in full
+            started = time.perf_counter()
+            build_bundle(spec, **{**kwargs, "store": str(work / f"store-{index}"), "output": str(work / f"out-{index}")})
+            fulls.append(time.perf_counter() - started)
         exports = sorted(p.name for p in (work / "out").iterdir())
         # Scheduled rebuilds are minutes apart; these wait SPACING_S so that the ephemeral API has
         # stored the previous run's events. Back to back, Prefect's SQLite API sometimes answers the
@@ -57,13 +63,13 @@ def main() -> int:
             started = time.perf_counter()
             build_bundle(spec, **kwargs)
             back_to_back.append(time.perf_counter() - started)
-    rebuild = spread(rebuilds)["median_s"]
+    rebuild, full = spread(rebuilds)["median_s"], spread(fulls)["median_s"]
     exported_again = sorted(p.name for p in (work / "out").iterdir()) != exports
     if not again.cache_hit or again.model_copy(update={"cache_hit": False}) != first or exported_again:
         raise SystemExit("the rebuild was not a cache hit: it returned another bundle or exported again")
     passed = report("cache_hit", rebuild / full, "<=0.05", {
-        "full_build_s": round(full, 2), "cached_rebuild": spread(rebuilds), "spacing_s": SPACING_S,
-        "back_to_back_rebuilds_s (not the goal)": [round(r, 2) for r in back_to_back],
+        "full_build": spread(fulls), "cached_rebuild": spread(rebuilds), "spacing_s": SPACING_S,
+        "back_to_back_rebuilds (not the goal)": spread(back_to_back),
         "prefect_start_s (excluded)": round(prefect_start, 2), "bundle": first.key.prefix,
     })
     return 0 if passed else 1

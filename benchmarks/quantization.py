@@ -1,11 +1,13 @@
 """Quantization: program size, build time and latency of float32, int8-dynamic and int8da4w XNNPACK builds.
 
 One weight-heavy MLP (two 1024 x 1024 linears, 8 MiB of float32 weights; ``--smoke``: 256 x 256) is
-exported and validated three times in one run: float32, int8-dynamic (int8 weights
-per channel) and int8da4w (int4 weights in groups of 32). Each build is validated against the float
+exported and validated in three schemes: float32, int8-dynamic (int8 weights per channel) and
+int8da4w (int4 weights in groups of 32), ``--builds`` times each (at least 3, the schemes interleaved);
+build times are the median, min and max of those builds. Each build is validated against the float
 eager model with its scheme's default gates. The three programs are then loaded into this process
-and timed in interleaved rounds (so machine load hits all three alike); each one's median is set
-against the float32 program's.
+and timed in interleaved rounds (so machine load hits all three alike); each one's latency is the
+median, min and max of its rounds' medians, and the median is set against the float32 program's.
+Program sizes must be the same in every build (the run fails otherwise).
 
 The last line is ``RESULT quantization ratio=<worst size ratio / its goal> goal=<=1 PASS|FAIL``:
 int8 <= 0.35x and int8da4w <= 0.22x of the float32 program, so a ratio <= 1 meets both; a build
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import report  # noqa: E402
+from _common import interleaved, report, spread  # noqa: E402
 
 from prefect_executorch.exporter import export_program  # noqa: E402
 from prefect_executorch.spec import parse_spec  # noqa: E402
@@ -60,24 +62,26 @@ def build(scheme: str | None, width: int, work: Path) -> dict[str, Any]:
     }
 
 
-def interleaved_latency(programs: dict[str, str], width: int, rounds: int, runs: int) -> dict[str, float]:
-    """Median ms per call of each program, timed round-robin in this process (``runs`` calls per round)."""
+def interleaved_latency(programs: dict[str, str], width: int, rounds: int, runs: int) -> dict[str, list[float]]:
+    """Each round's median ms per call of each program, timed round-robin in this process (``runs`` calls per round)."""
     import torch
 
     from prefect_executorch.runtime import LoadedProgram
 
     loaded = {name: LoadedProgram(Path(path)) for name, path in programs.items()}
     inputs = (torch.rand(8, width) * 2 - 1,)
-    times: dict[str, list[float]] = {name: [] for name in loaded}
+    medians: dict[str, list[float]] = {name: [] for name in loaded}
     for program in loaded.values():
         program.execute("forward", inputs)  # first call initialises XNNPACK: not timed
     for _ in range(rounds):
         for name, program in loaded.items():
+            times = []
             for _ in range(runs):
                 started = time.perf_counter()
                 program.execute("forward", inputs)
-                times[name].append((time.perf_counter() - started) * 1000)
-    return {name: statistics.median(values) for name, values in times.items()}
+                times.append((time.perf_counter() - started) * 1000)
+            medians[name].append(statistics.median(times))
+    return medians
 
 
 def main() -> None:
@@ -85,22 +89,31 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="Width 256 (0.5 MiB of weights): the small size CI runs.")
     parser.add_argument("--rounds", type=int, default=10, help="Interleaved timing rounds.")
     parser.add_argument("--runs", type=int, default=20, help="Timed calls of each program per round.")
+    parser.add_argument("--builds", type=int, default=3, help="Builds of each scheme (at least 3).")
     args = parser.parse_args()
+    if args.builds < 3 or args.rounds < 3:
+        parser.error("--builds and --rounds must be at least 3 (medians of 3 or more runs are compared)")
     width = 256 if args.smoke else 1024
     os.environ.setdefault("DO_NOT_TRACK", "1")
     work = Path(tempfile.mkdtemp(prefix="bench-quantization-"))
     # The first export of a process pays the export server's imports: not a cost of any scheme.
     warm_up_s = build(None, 256, work)["build_s"]
-    rows = {name: build(scheme, width, work)
-            for name, scheme in (("float32", None), ("int8-dynamic", "int8-dynamic"), ("int8da4w", "int8da4w"))}
+    schemes = {"float32": None, "int8-dynamic": "int8-dynamic", "int8da4w": "int8da4w"}
+    builds = interleaved({name: lambda _, scheme=scheme: build(scheme, width, work) for name, scheme in schemes.items()},
+                         args.builds)
+    sizes = {name: {row["program_bytes"] for row in runs} for name, runs in builds.items()}
+    if any(len(found) != 1 for found in sizes.values()):
+        raise SystemExit(f"program sizes differ between builds of one scheme: {sizes}")
+    rows = {name: {**runs[0], **{key: spread([row[key] for row in runs]) for key in ("export_s", "validate_s", "build_s")},
+                   "passed": all(row["passed"] for row in runs)} for name, runs in builds.items()}
     latency = interleaved_latency({name: row.pop("program") for name, row in rows.items()}, width, args.rounds, args.runs)
     for name, row in rows.items():
-        row["program_median_ms"] = round(latency[name], 4)
+        row["program_latency"] = spread(latency[name], digits=4, unit="ms")
     base = rows["float32"]
     for name, row in rows.items():
         row["size_vs_float32"] = round(row["program_bytes"] / base["program_bytes"], 4)
-        row["build_time_vs_float32"] = round(row["build_s"] / base["build_s"], 3)
-        row["latency_vs_float32"] = round(row["program_median_ms"] / base["program_median_ms"], 3)
+        row["build_time_vs_float32"] = round(row["build_s"]["median_s"] / base["build_s"]["median_s"], 3)
+        row["latency_vs_float32"] = round(row["program_latency"]["median_ms"] / base["program_latency"]["median_ms"], 3)
         print(name, row)
     worst = max(rows[name]["size_vs_float32"] / goal for name, goal in GOALS.items())
     failed = [name for name, row in rows.items() if not row["passed"]]

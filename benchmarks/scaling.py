@@ -1,8 +1,10 @@
 """Scaling: build time, bundle size and publish time for models of growing weight size (XNNPACK).
 
-Prints one row per size and writes results/scaling.json and results/scaling.png. The RESULT line's
-ratio is the growth of build time per MB between the smallest and the largest model relative to
-linear growth in size (<= 1 means cost grows no faster than the weights).
+Each size is built ``--runs`` times (at least 3, as new versions: bundles are never overwritten);
+each row gives every stage's median, min and max over those runs. Writes results/scaling.json and
+results/scaling.png (medians). The RESULT line's ratio is the growth of the median build time per MB
+between the smallest and the largest model relative to linear growth in size (<= 1 means cost grows
+no faster than the weights).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import RESULTS, report  # noqa: E402
+from _common import RESULTS, report, spread  # noqa: E402
 
 from prefect_executorch.artifacts.registry import prepare_bundle, publish  # noqa: E402
 from prefect_executorch.artifacts.store import LocalStore  # noqa: E402
@@ -27,12 +29,12 @@ from prefect_executorch.validator import validate_program  # noqa: E402
 MODELS = Path(__file__).parent / "scaling_models.py"
 
 
-def build_one(megabytes: float, work: Path) -> dict[str, float]:
-    """Export, validate and publish one model of about ``megabytes`` of weights."""
+def build_one(megabytes: float, work: Path, run: int = 0) -> dict[str, float]:
+    """Export, validate and publish one model of about ``megabytes`` of weights (version ``<mb>mb-<run>``)."""
     from scaling_models import factory_name, width
 
     spec = parse_spec({
-        "name": "scaling", "version": f"{megabytes:g}mb", "model": f"{MODELS}:{factory_name(megabytes)}",
+        "name": "scaling", "version": f"{megabytes:g}mb-{run}", "model": f"{MODELS}:{factory_name(megabytes)}",
         "target": "xnnpack", "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, width(megabytes)]}]}},
         "validation": {"samples": 1, "atol": 1e-3, "rtol": 1e-3},
     })
@@ -75,16 +77,23 @@ def plot(rows: list[dict[str, float]]) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 50, 500])
+    parser.add_argument("--runs", type=int, default=3, help="Builds per size (at least 3; medians are compared).")
     args = parser.parse_args()
+    if args.runs < 3:
+        parser.error("--runs must be at least 3")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     work = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
     # The first export in a process pays for the export server's imports: not a cost of model size.
     warm_up_s = build_one(0.1, work)["build_s"]
-    rows = []
+    rows, spreads = [], {}
     for megabytes in args.sizes_mb:
-        rows.append(build_one(megabytes, work))
-        print(rows[-1])
-    figures: dict[str, object] = {f"{r['weights_mb']:g}MB": r for r in rows}
+        runs = [build_one(megabytes, work, run) for run in range(args.runs)]
+        stages = {key: spread([r[key] for r in runs], digits=3) for key in ("export_s", "validate_s", "publish_s", "build_s")}
+        rows.append({**runs[0], **{key: value["median_s"] for key, value in stages.items()},
+                     "passed": min(r["passed"] for r in runs)})
+        spreads[f"{megabytes:g}MB"] = {"bundle_mb": runs[0]["bundle_mb"], **stages}
+        print(spreads[f"{megabytes:g}MB"])
+    figures: dict[str, object] = dict(spreads)
     figures["plot"] = str(plot(rows))
     figures["warm_up_build_s (excluded)"] = warm_up_s
     small, large = rows[0], rows[-1]

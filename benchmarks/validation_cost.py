@@ -12,7 +12,8 @@ Each variant validates the same small XNNPACK program (export once, not timed):
   deserializer and ``pybindings.portable_lib``, whose wrapper imports all of exir);
 * ``python + import torch``: the floor of any fresh interpreter that runs a torch model.
 
-Run: ``python benchmarks/validation_cost.py [--repeats 3]`` (``--repeats 1`` for a CI smoke run).
+Run: ``python benchmarks/validation_cost.py [--repeats 3]`` (at least 3: each variant reports the median,
+min and max of its runs, and the ratio is taken on the medians).
 The last line is ``RESULT validation_cost ratio=<forkserver child / spawned child with the old imports>
 goal=<=0.1 PASS|FAIL``: the child's start made at least 10x cheaper than before. The child against
 in-process validation is printed too; for a model that validates in ~10 ms it is dominated by the
@@ -37,7 +38,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import report  # noqa: E402
+from _common import report, spread  # noqa: E402
 
 from prefect_executorch.isolation import START_METHOD_ENV  # noqa: E402
 
@@ -75,6 +76,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="Timed validations per variant.")
     parser.add_argument("--samples", type=int, default=2, help="Random samples per shape (min/opt/max).")
     args = parser.parse_args()
+    if args.repeats < 3:
+        parser.error("--repeats must be at least 3 (the median of 3 or more runs is compared)")
     work = Path(tempfile.mkdtemp(prefix="validation-cost-"))
     try:
         return _measure(args, work)
@@ -120,13 +123,12 @@ def _measure(args: argparse.Namespace, work: Path) -> int:
     figures["python + import torch"] = _seconds(
         lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True), args.repeats)
 
+    spreads = {name: spread(times, digits=3) for name, times in figures.items()}
     medians = {name: statistics.median(times) for name, times in figures.items()}
-    for name, median in medians.items():
-        print(f"{name:>32}: median {median:7.3f} s  ({', '.join(f'{t:.3f}' for t in figures[name])})")
     spawn, old_spawn = medians["child (spawn)"], medians["child (spawn, old imports)"]
     ratio = medians["child (forkserver)"] / old_spawn
     figures_out = {
-        **{f"{name} median s": round(median, 3) for name, median in medians.items()},
+        **{f"{name} s": spreads[name] for name in figures},
         "forkserver child / in-process": round(medians["child (forkserver)"] / medians["in-process"], 1),
         "forkserver child overhead s": round(medians["child (forkserver)"] - medians["in-process"], 3),
         "spawn child / in-process": round(spawn / medians["in-process"], 1),

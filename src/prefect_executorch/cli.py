@@ -36,7 +36,6 @@ DEBUG_ENV = "PREFECT_EXECUTORCH_DEBUG"
 def _quiet_defaults(debug: bool) -> None:
     # No telemetry from a build tool, and no surprise network calls in an offline build.
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     # A fresh ephemeral database takes longer than Prefect's 20 s default on a small machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if debug:
@@ -107,20 +106,30 @@ def build(
     output: Path | None = typer.Option(None, "--output", help="Keep export directories here (default: temporary)."),
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
+    from prefect_executorch.probecache import cached_toolchain, probe_cached
+    from prefect_executorch.progress import listening, stage
     from prefect_executorch.spec import load_spec
 
     spec = load_spec(spec_path)
     spec.check_model_reference()
-    _start_children()
-    from prefect_executorch.progress import listening
-
-    prefect_start = _start_prefect_early(spec, store)
     view = LiveView()
     with view, listening(view.on_stage):
-        ref = _published_build(spec, store)
+        # An unchanged rebuild with a cached probe answers without the children's and Prefect's start.
+        with stage("probe"):
+            toolchain = cached_toolchain()
+        prefect_start = None
+        if toolchain is None:
+            _start_children()
+            prefect_start = _start_prefect_early(spec, store)
+            with stage("probe"):
+                toolchain = probe_cached()
+        ref = _published_build(spec, store, toolchain)
         if ref is None:
             from prefect_executorch.flows.build import build_bundle
 
+            if prefect_start is None:
+                _start_children()
+                prefect_start = _start_prefect_early(spec, store)
             if prefect_start is not None:
                 prefect_start.join()
             ref = build_bundle(spec, store=store, output=str(output) if output else None)
@@ -183,16 +192,12 @@ class LiveView:
         self._progress.update(self._rows[name], completed=1, description=f"{name} {mark}")
 
 
-def _published_build(spec: Any, store: str) -> Any:
+def _published_build(spec: Any, store: str, toolchain: Any) -> Any:
     """An unchanged rebuild's published bundle, found without starting Prefect; a changed one is refused here."""
     from prefect_executorch.artifacts.rebuild import check_rebuild
     from prefect_executorch.artifacts.store import open_store
-    from prefect_executorch.progress import stage
     from prefect_executorch.targets import get_target
-    from prefect_executorch.toolchain import probe_isolated
 
-    with stage("probe"):
-        toolchain = probe_isolated()
     target = get_target(spec.target_name)
     for warning in target.check(spec, toolchain):
         err_console.print(f"[yellow]warning:[/] {escape(warning)}")
