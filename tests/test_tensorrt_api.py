@@ -9,8 +9,8 @@ import ast
 import itertools
 import os
 import tomllib
-from pathlib import Path
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -275,7 +275,7 @@ ALL_SPECS = [
 
 def spec_id(spec: BuildSpec) -> str:
     flags = [name for name in ("coalesce_cuda", "device_resident_io", "cuda_graphs") if getattr(spec.target, name)]
-    return "-".join([getattr(spec.target, "precision"), "+".join(spec.methods), *flags])
+    return "-".join([spec.target.precision, "+".join(spec.methods), *flags])
 
 
 @pytest.mark.parametrize("spec", ALL_SPECS, ids=spec_id)
@@ -306,8 +306,8 @@ def default_of(sources: Sources, callee: str, keyword: str) -> Any:
     assert isinstance(node, ast.FunctionDef), callee
     args = node.args
     positional = [*args.posonlyargs, *args.args]
-    pairs = [*zip(positional[len(positional) - len(args.defaults):], args.defaults),
-             *((a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)]
+    pairs = [*zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=True),
+             *((a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None)]
     return next(ast.literal_eval(default) for arg, default in pairs if arg.arg == keyword)
 
 
