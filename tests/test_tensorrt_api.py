@@ -9,12 +9,12 @@ import ast
 import itertools
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
+from torch.utils._pytree import tree_leaves
 
 from prefect_executorch.apisource import DirectoryRoot, Sources, WheelRoot, installed_root
 from prefect_executorch.artifacts.manifest import BundleKey
@@ -248,21 +248,9 @@ def worker_slots(spec: BuildSpec) -> set[str]:
 
 
 def slots_read(step: Step) -> set[str]:
-    """Every slot a step's call reads, at any depth of its arguments."""
-    def values(value: Any) -> Iterator[Any]:
-        if isinstance(value, (Call, Step)):
-            call = value.call if isinstance(value, Step) else value
-            for item in (*call.args, *call.kwargs.values()):
-                yield from values(item)
-        elif isinstance(value, Mapping):
-            for item in value.values():
-                yield from values(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                yield from values(item)
-        else:
-            yield value
-    return {v.name for v in values(step) if isinstance(v, Slot)}
+    """Every slot a step's call reads, at any depth of its arguments (the calls' containers are pytrees)."""
+    return {leaf.name for call in walk(step) for leaf in tree_leaves((call.args, dict(call.kwargs)))
+            if isinstance(leaf, Slot)}
 
 
 ALL_SPECS = [
