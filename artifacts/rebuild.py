@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey, Manifest
 from prefect_executorch.artifacts.registry import BundleRef, read_manifest
@@ -19,6 +19,8 @@ class PublishedBuild(BaseModel):
 
     published: bool
     ref: BundleRef | None = None  # set when the published bundle came from an identical build
+    fingerprint: str = Field(description="This build's fingerprint key: the build's cache key, computed once here.")
+    store_url: str = Field(description="The URL of the store the build publishes to.")
 
 
 def check_rebuild(spec: BuildSpec, toolchain: Toolchain, compat: str, store: ObjectStore) -> PublishedBuild:
@@ -29,15 +31,16 @@ def check_rebuild(spec: BuildSpec, toolchain: Toolchain, compat: str, store: Obj
     """
     key = BundleKey.of(spec.name, spec.version, spec.target_name, compat)
     fingerprint = build_fingerprint(spec, toolchain, compat, store.url)
+    build = {"fingerprint": fingerprint.key(), "store_url": store.url}
     where = key.key(MANIFEST_FILE)
     if not store.exists(where):
-        return PublishedBuild(published=False)
+        return PublishedBuild(published=False, **build)
     manifest, data = read_manifest(store, key)
     if manifest.fingerprint is None:
-        return PublishedBuild(published=True)
+        return PublishedBuild(published=True, **build)
     if manifest.fingerprint == fingerprint.key():
         ref = BundleRef(store=store.url, key=key, manifest_key=where, manifest_sha256=sha256_bytes(data), cache_hit=True)
-        return PublishedBuild(published=True, ref=ref)
+        return PublishedBuild(published=True, ref=ref, **build)
     raise BundleConflict(
         f"{key.prefix} is already published in {store.url} by a different build ({_what_changed(manifest, spec.sha256(), fingerprint.weights_sha256)}); "
         "nothing was exported: give the spec a new version (bundles are never overwritten)"

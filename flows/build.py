@@ -56,7 +56,7 @@ def build_bundle(
         build = build_and_publish.with_options(refresh_cache=not published.published)
         if storage is not None:
             build = build.with_options(result_storage=storage)
-        return build(spec, toolchain, compat, store, output_root, weights_uri, training_run)
+        return build(spec, toolchain, compat, store, published, output_root, weights_uri, training_run)
     finally:
         if output is None:
             shutil.rmtree(output_root, ignore_errors=True)

@@ -12,7 +12,6 @@ from prefect_executorch.artifacts.rebuild import PublishedBuild, check_rebuild
 from prefect_executorch.artifacts.registry import BundleRef
 from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.errors import ValidationFailed
-from prefect_executorch.fingerprint import build_fingerprint
 from prefect_executorch.placement import needs_cuda
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.tasks.cache import BuildCachePolicy
@@ -35,11 +34,10 @@ def check_published(spec: BuildSpec, toolchain: Toolchain, compat: str, store: s
 
 @task(name="build-and-publish", cache_policy=BuildCachePolicy(), persist_result=True)
 def build_and_publish(
-    spec: BuildSpec, toolchain: Toolchain, compat: str, store: str | Block, output_root: Path,
-    weights_uri: str | None = None, training_run: str | None = None,
+    spec: BuildSpec, toolchain: Toolchain, compat: str, store: str | Block, published: PublishedBuild,
+    output_root: Path, weights_uri: str | None = None, training_run: str | None = None,
 ) -> BundleRef:
-    """Export, validate and publish; a cache hit returns the published bundle without exporting."""
-    store_url = open_store(store).url  # opened once: an S3 store builds a client
+    """Export, validate and publish; a cache hit (keyed on ``published.fingerprint``) returns the bundle without exporting."""
     # Validation runs the engine too, so it holds the GPU as long as the export does.
     with gpu_slot(needs_cuda(spec.target_name)) as slot:
         if slot:
@@ -49,8 +47,7 @@ def build_and_publish(
             report = validate_export(spec, export, output_root)
         except ValidationFailed as exc:
             emit_bundle_event(VALIDATION_FAILED, BundleKey.of(spec.name, spec.version, spec.target_name, compat),
-                              store_url,
+                              published.store_url,
                               payload={"error": str(exc).splitlines()[0]})
             raise
-    fingerprint = build_fingerprint(spec, toolchain, compat, store_url).key()
-    return publish_bundle(spec, toolchain, export, report, store, fingerprint, weights_uri, training_run, compat)
+    return publish_bundle(spec, toolchain, export, report, store, published.fingerprint, weights_uri, training_run, compat)

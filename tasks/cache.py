@@ -11,8 +11,7 @@ from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 from prefect.filesystems import WritableFileSystem
 
-from prefect_executorch.artifacts.store import open_store
-from prefect_executorch.fingerprint import build_fingerprint
+from prefect_executorch.artifacts.rebuild import PublishedBuild
 
 #: Where cached build results live when a flow is given no ``result_storage``: a directory, or
 #: ``block:<type>/<name>`` for a storage block (an ``s3-bucket`` block for a fleet).
@@ -21,7 +20,13 @@ RESULT_STORAGE_ENV = "PREFECT_EXECUTORCH_RESULT_STORAGE"
 
 @dataclass
 class BuildCachePolicy(CachePolicy):
-    """Key a build on the sha256 of its weights and model source, its normalized spec, toolchain, compat and store."""
+    """Key a build on its fingerprint (weights, model source, normalized spec, toolchain, compat, store).
+
+    As prefect-dbt's node policy, the key is computed before the task runs, here by ``check_published``
+    (``PublishedBuild.fingerprint``), so this opens no store and hashes no file. The build also
+    publishes that fingerprint, so it comes in as the task's ``published`` input rather than baked
+    into the policy: one value, one place.
+    """
 
     def compute_key(
         self,
@@ -30,8 +35,9 @@ class BuildCachePolicy(CachePolicy):
         flow_parameters: dict[str, Any],
         **kwargs: Any,
     ) -> str | None:
-        store = open_store(inputs["store"]).url
-        return "build-" + build_fingerprint(inputs["spec"], inputs["toolchain"], inputs["compat"], store).key()
+        """``build-<fingerprint>`` from the ``published`` input."""
+        published: PublishedBuild = inputs["published"]
+        return "build-" + published.fingerprint
 
 
 def resolve_result_storage(value: str | None) -> Path | WritableFileSystem | None:

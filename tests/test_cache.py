@@ -80,6 +80,53 @@ def test_a_changed_build_of_a_published_version_is_refused_before_export(make_sp
     assert len(_exports(out)) == 1  # no second export directory: the refusal came first
 
 
+def _mlp_with_weights(make_spec, tmp_path: Path) -> BuildSpec:
+    torch.manual_seed(0)
+    weights = tmp_path / "w.pt"
+    torch.save({"fc1.weight": torch.randn(64, 32), "fc1.bias": torch.zeros(64),
+                "fc2.weight": torch.randn(8, 64), "fc2.bias": torch.zeros(8)}, weights)
+    return make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}}, target="portable",
+                     weights=str(weights))
+
+
+def test_the_cache_key_is_the_fingerprint_made_before_the_task(make_spec, toolchain: Toolchain,
+                                                               tmp_path: Path) -> None:
+    from prefect_executorch.artifacts.rebuild import check_rebuild
+    from prefect_executorch.tasks.cache import BuildCachePolicy
+
+    spec = _mlp_with_weights(make_spec, tmp_path)
+    store = LocalStore(tmp_path / "store")
+    published = check_rebuild(spec, toolchain, "cpu-portable-x86_64", store)
+    assert published.fingerprint == build_fingerprint(spec, toolchain, "cpu-portable-x86_64", store.url).key()
+    assert published.store_url == store.url
+    # compute_key hashes no file and opens no store: with the weights gone and the store unreachable
+    # it still answers, from the fingerprint made before the task ran.
+    Path(spec.weights or "").unlink()
+    inputs = {"spec": spec, "toolchain": toolchain, "compat": "cpu-portable-x86_64",
+              "store": "s3://no-such-bucket/prefix", "published": published}
+    assert BuildCachePolicy().compute_key(None, inputs, {}) == "build-" + published.fingerprint  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_a_build_fingerprints_its_inputs_once(make_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect_executorch import fingerprint
+
+    hashed: list[str] = []
+
+    def counted(path: str | Path) -> str:
+        hashed.append(str(path))
+        return real(path)
+
+    real = fingerprint.sha256_file
+    monkeypatch.setattr(fingerprint, "sha256_file", counted)
+    spec = _mlp_with_weights(make_spec, tmp_path)
+    ref, states = _build(spec, LocalStore(tmp_path / "store"), tmp_path / "out")
+    assert states["build-and-publish"] == "Completed"
+    # check-published's fingerprint, reused by the cache key and written into the manifest.
+    assert hashed.count(str(spec.weights)) == 1, hashed
+    assert verify_bundle_dir(tmp_path / "store" / ref.key.prefix).fingerprint is not None
+
+
 def test_fingerprint_follows_content_not_paths(make_spec, toolchain: Toolchain, tmp_path: Path) -> None:
     torch.manual_seed(0)
     state = {"fc1.weight": torch.randn(64, 32), "fc1.bias": torch.zeros(64),

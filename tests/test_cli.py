@@ -93,3 +93,15 @@ def test_probe_json_describes_this_machine(tmp_path: Path) -> None:
 def test_inspect_refuses_a_directory_without_manifest(tmp_path: Path) -> None:
     result = _run("inspect", str(tmp_path), cwd=tmp_path)
     assert result.returncode == 1 and "has no manifest.json" in result.stderr
+
+
+def test_cli_validate_needs_exactly_one_bundle(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from prefect_executorch.cli import app
+
+    (tmp_path / "spec.json").write_text(json.dumps(spec_data("mlp")))
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.json")])
+    assert result.exit_code == 2 and "give either BUNDLE_DIR or --bundle" in result.output
+    result = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.json"), "--bundle", "s3://b/m/1/x/manifest.json"])
+    assert result.exit_code == 2 and "names no bucket" in result.output and "[/prefix]" in result.output

@@ -5,6 +5,7 @@ The wheels come from ``tests/wheels.py`` and are read with ``ast``: importing to
 
 from __future__ import annotations
 
+import ast
 import itertools
 import os
 import tomllib
@@ -13,10 +14,11 @@ from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
+from torch.utils._pytree import tree_leaves
 
 from prefect_executorch.apisource import DirectoryRoot, Sources, WheelRoot, installed_root
 from prefect_executorch.artifacts.manifest import BundleKey
-from prefect_executorch.calls import Call, Ref, check_calls, materialize, walk
+from prefect_executorch.calls import Call, Ref, Slot, Step, check_calls, materialize, walk
 from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.hostprobe import tensorrt_capabilities
 from prefect_executorch.spec import BuildSpec, parse_spec
@@ -240,30 +242,129 @@ def test_the_project_installs_beside_both_stacks(extra: str) -> None:
 # ------------------------------------------------------------------- call construction
 
 
-def test_single_method_saves_with_retrace_false_and_every_option() -> None:
-    spec = trt_spec(precision="bf16", coalesce_cuda=True, device_resident_io=True, cuda_graphs=True,
-                    hardware_compatible=True, min_block_size=1, compile_options={"optimization_level": 5})
-    compile_step, save_step = build_steps(spec)
-    assert compile_step.result == "compiled.forward"
-    assert compile_step.call.kwargs["min_block_size"] == 1
-    assert compile_step.call.kwargs["enable_autocast"] is True
-    assert compile_step.call.kwargs["autocast_low_precision_type"] == Ref("torch.bfloat16")
-    assert compile_step.call.kwargs["disable_tf32"] is False
-    assert compile_step.call.kwargs["hardware_compatible"] is True
-    assert compile_step.call.kwargs["optimization_level"] == 5
-    save = save_step.call
-    assert save.callee == "torch_tensorrt.save"
-    assert save.kwargs["output_format"] == "executorch" and save.kwargs["retrace"] is False
-    assert save.kwargs["use_cuda_graphs"] is True
-    (partitioner,) = save.kwargs["partitioners"]
-    assert partitioner.callee.endswith("CudaPartitioner")
-    (method_spec,) = partitioner.args[0]
-    assert method_spec.args == ("forward",)
-    config = save.kwargs["backend_config"]
-    assert config.kwargs["enable_non_cpu_memory_planning"] is True
-    assert dict(config.kwargs["propagate_device_config"].kwargs) == {
-        "skip_h2d_for_method_inputs": True, "skip_d2h_for_method_outputs": True}
-    assert dict(config.kwargs["memory_planning_pass"].kwargs) == {"alloc_graph_input": False, "alloc_graph_output": True}
+#: What ``TensorRTTarget.lower`` fills before the steps run; every other slot must come from an earlier step.
+def worker_slots(spec: BuildSpec) -> set[str]:
+    return {"pte_path"} | {f"{kind}.{name}" for name in spec.methods
+                           for kind in ("exported", "example_inputs", "dynamic_shapes")}
+
+
+def slots_read(step: Step) -> set[str]:
+    """Every slot a step's call reads, at any depth of its arguments (the calls' containers are pytrees)."""
+    return {leaf.name for call in walk(step) for leaf in tree_leaves((call.args, dict(call.kwargs)))
+            if isinstance(leaf, Slot)}
+
+
+ALL_SPECS = [
+    trt_spec(methods=METHOD_SETS[methods], precision=precision, coalesce_cuda=coalesce, device_resident_io=io,
+             cuda_graphs=graphs)
+    for precision, coalesce, io, graphs, methods in itertools.product(
+        ["fp32", "bf16"], [False, True], DEVICE_IO[:2], [False, True], METHOD_SETS)
+]
+
+
+def spec_id(spec: BuildSpec) -> str:
+    flags = [name for name in ("coalesce_cuda", "device_resident_io", "cuda_graphs") if getattr(spec.target, name)]
+    return "-".join([spec.target.precision, "+".join(spec.methods), *flags])
+
+
+@pytest.mark.parametrize("spec", ALL_SPECS, ids=spec_id)
+def test_every_slot_is_filled_before_it_is_read_and_the_program_is_the_last_step(spec: BuildSpec) -> None:
+    steps = build_steps(spec)
+    filled = worker_slots(spec)
+    for index, step in enumerate(steps):
+        assert slots_read(step) <= filled, f"step {index} ({step.call.callee}) reads {slots_read(step) - filled}"
+        if step.result is not None:
+            assert step.result not in filled, f"step {index} overwrites {step.result}"
+            filled.add(step.result)
+    # Each method is compiled exactly once, from its own exported program.
+    compiled = [slots_read(s) for s in steps if s.call.callee == "torch_tensorrt.dynamo.compile"]
+    assert sorted(compiled, key=sorted) == sorted(({f"exported.{m}"} for m in spec.methods), key=sorted)
+    # Nothing is computed and thrown away: every result feeds a later step, except the program itself.
+    produced = [s.result for s in steps if s.result is not None]
+    read_later = {name for i, s in enumerate(steps) for later in steps[i + 1:] for name in slots_read(later)
+                  if name == s.result}
+    assert set(produced) - read_later <= {"executorch_program"}
+    last = steps[-1]
+    # lower() writes the .pte from "executorch_program", or save() writes it to pte_path itself.
+    assert last.result == "executorch_program" or "pte_path" in slots_read(last), last.call.callee
+
+
+def default_of(sources: Sources, callee: str, keyword: str) -> Any:
+    """The default value of ``keyword`` in the real source of ``callee``."""
+    node = sources.resolve(callee).node
+    assert isinstance(node, ast.FunctionDef), callee
+    args = node.args
+    positional = [*args.posonlyargs, *args.args]
+    pairs = [*zip(positional[len(positional) - len(args.defaults):], args.defaults, strict=True),
+             *((a, d) for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True) if d is not None)]
+    return next(ast.literal_eval(default) for arg, default in pairs if arg.arg == keyword)
+
+
+#: Keywords whose default re-exports the compiled graph, which drops the TensorRT engines.
+RETRACING = {("torch_tensorrt.save", "retrace"): False, ("torch_tensorrt.dynamo.export", "use_legacy_exporter"): True}
+
+
+def test_no_call_keeps_a_default_that_drops_the_engines(sources: Sources) -> None:
+    for (callee, keyword), safe in RETRACING.items():
+        # The wheel's default is the unsafe value: the call must set the keyword itself.
+        assert default_of(sources, callee, keyword) is (not safe), (callee, keyword)
+    seen = set()
+    for spec in ALL_SPECS:
+        for call in walk(build_steps(spec)):
+            for (callee, keyword), safe in RETRACING.items():
+                if call.callee == callee:
+                    assert call.kwargs.get(keyword) is safe, (callee, keyword, spec.target)
+                    seen.add(callee)
+    assert seen == {callee for callee, _ in RETRACING}  # both paths were exercised
+
+
+#: A value of each option other than its default, and the callee that must honour it (keyword names are
+#: checked against the real wheel by test_every_call_of_every_option_combination_fits_the_real_sources).
+OPTION_CHANGES = {
+    "precision": ("fp16", "torch_tensorrt.dynamo.compile"),
+    "min_block_size": (1, "torch_tensorrt.dynamo.compile"),
+    "hardware_compatible": (True, "torch_tensorrt.dynamo.compile"),
+    "version_compatible": (True, "torch_tensorrt.dynamo.compile"),
+    "compile_options": ({"optimization_level": 5}, "torch_tensorrt.dynamo.compile"),
+    "coalesce_cuda": (True, "executorch.backends.cuda.cuda_partitioner.CudaPartitioner"),
+    "device_resident_io": (True, "executorch.exir.ExecutorchBackendConfig"),
+    "cuda_graphs": (True, None),
+}
+
+
+@pytest.mark.parametrize("method_set", sorted(METHOD_SETS))
+@pytest.mark.parametrize("option", sorted(OPTION_CHANGES))
+def test_every_option_reaches_the_call_that_honours_it(option: str, method_set: str, sources: Sources) -> None:
+    value, callee = OPTION_CHANGES[option]
+    plain, changed = (build_steps(trt_spec(methods=METHOD_SETS[method_set], **extra))
+                      for extra in ({}, {option: value}))
+    assert plain != changed, f"{option}={value!r} changes no call"
+    if callee is not None:
+        with_option = [c for c in walk(changed) if c.callee == callee]
+        assert with_option, f"{option}={value!r} reaches no {callee}"
+        assert [c for c in walk(plain) if c.callee == callee] != with_option
+    # The 2.14 wheel predates CUDA graph replay: that keyword is the one refusal a stack may answer with.
+    assert check_calls(changed, sources) in ([], *([f"{c} does not accept the keyword 'use_cuda_graphs'"]
+                                                   for c in ("torch_tensorrt.save", "torch_tensorrt.executorch.export")))
+
+
+@pytest.mark.parametrize("method_set", sorted(METHOD_SETS))
+def test_each_method_gets_a_partitioner_naming_it(method_set: str) -> None:
+    # save() names its one method "forward" and rejects a CudaPartitioner whose specs name another:
+    # only a lone forward may go through it.
+    spec = trt_spec(methods=METHOD_SETS[method_set], coalesce_cuda=True)
+    calls = {c.callee: c for s in build_steps(spec) for c in walk(s)}
+    uses_save = "torch_tensorrt.save" in calls
+    assert uses_save is (list(spec.methods) == ["forward"])
+    if uses_save:
+        partitioners = {"forward": calls["torch_tensorrt.save"].kwargs["partitioners"]}
+    else:
+        edge = calls["torch_tensorrt.executorch.export"]
+        assert set(edge.args[0]) == set(spec.methods)
+        partitioners = edge.kwargs["partitioners"]
+    assert set(partitioners) == set(spec.methods)
+    for method, chosen in partitioners.items():
+        assert {c.args[0] for c in walk(chosen) if c.callee.endswith("generate_method_name_compile_spec")} == {method}
 
 
 def test_fp32_default_has_no_autocast_and_no_tf32() -> None:
@@ -283,32 +384,6 @@ def test_dynamic_dims_become_min_opt_max_inputs() -> None:
     assert dict(x.kwargs) == {"min_shape": [1, 32], "opt_shape": [8, 32], "max_shape": [16, 32],
                               "dtype": Ref("torch.float32"), "name": "x"}
     assert dict(mask.kwargs) == {"shape": [4, 32], "dtype": Ref("torch.bool"), "name": "mask"}
-
-
-def test_two_methods_go_through_executorch_export_with_a_partitioner_per_method() -> None:
-    steps = build_steps(trt_spec(methods=TWO_METHODS, coalesce_cuda=True, device_resident_io=True))
-    assert [s.result for s in steps] == ["compiled.forward", "compiled.encode", "program.forward", "program.encode",
-                                         "edge", "executorch_program"]
-    export = steps[2].call
-    # The legacy exporter, as save(retrace=False) uses: a re-trace drops the engines.
-    assert export.callee == "torch_tensorrt.dynamo.export" and export.kwargs["use_legacy_exporter"] is True
-    edge = steps[4].call
-    assert edge.callee == "torch_tensorrt.executorch.export" and set(edge.args[0]) == {"forward", "encode"}
-    for method, (partitioner,) in edge.kwargs["partitioners"].items():
-        assert partitioner.args[0][0].args == (method,)
-    assert steps[5].call.kwargs["config"].callee == "executorch.exir.ExecutorchBackendConfig"
-
-
-def test_a_single_method_not_named_forward_takes_the_mapping_path() -> None:
-    # save() would name it "forward" (and reject a CudaPartitioner whose specs name "encode").
-    steps = build_steps(trt_spec(methods={"encode": TWO_METHODS["encode"]}, coalesce_cuda=True))
-    assert [s.call.callee for s in steps] == ["torch_tensorrt.dynamo.compile", "torch_tensorrt.dynamo.export",
-                                              "torch_tensorrt.executorch.export",
-                                              "executorch.exir.EdgeProgramManager.to_executorch"]
-    assert set(steps[2].call.args[0]) == {"encode"}
-    ((partitioner,),) = steps[2].call.kwargs["partitioners"].values()
-    assert partitioner.args[0][0].args == ("encode",)
-    assert [s.call.callee for s in build_steps(trt_spec())][-1] == "torch_tensorrt.save"
 
 
 def test_device_resident_config_is_accepted_by_real_executorch() -> None:

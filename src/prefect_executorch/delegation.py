@@ -1,4 +1,4 @@
-"""How much of each method's graph the delegates took, counted on the lowered edge program."""
+"""How much of each method's graph the delegates took: ExecuTorch's ``get_delegation_info`` on the lowered edge program."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ class DelegationFacts(BaseModel):
     delegated_ops: int = Field(description="Tensor operators inside delegates.")
     total_ops: int = Field(description="Tensor operators of the method, delegated or not.")
     undelegated: dict[str, int] = Field(
-        default_factory=dict, description="Operators left outside the delegates, with their counts."
+        default_factory=dict,
+        description="Operators left outside the delegates, with their counts: by ExecuTorch's operator type "
+        "(aten_topk_default) when counted at export, by the .pte's operator name (aten::cumsum.out) for TensorRT.",
     )
 
     @property
@@ -36,27 +38,32 @@ def _is_tensor_op(node: Any) -> bool:
     return any(isinstance(v, torch.Tensor) for v in values)
 
 
+def _is_operator(op_type: str) -> bool:
+    """An edge-dialect operator type (``aten_topk_default``), not ``getitem`` (it picks one output of
+    another node), a Python operator on sizes (``add``, ``floordiv``) or a size read (``sym_size_int``)."""
+    return "_" in op_type and "sym_" not in op_type
+
+
+def _edge_facts(graph_module: Any) -> DelegationFacts:
+    """ExecuTorch's per-operator breakdown of one lowered edge graph (``get_delegation_info``), operators only.
+
+    Edge-dialect node names carry their namespace (``aten_add_tensor``), which tells an operator from
+    the size arithmetic ``_is_operator`` leaves out; ATen-dialect names (``add``) would not.
+    """
+    from executorch.devtools.backend_debug import get_delegation_info
+
+    breakdown = [b for b in get_delegation_info(graph_module).delegation_by_operator.values() if _is_operator(b.op_type)]
+    delegated = sum(b.delegated for b in breakdown)
+    outside = {b.op_type: b.non_delegated for b in breakdown if b.non_delegated}
+    return DelegationFacts(delegated_ops=delegated, total_ops=delegated + sum(outside.values()), undelegated=outside)
+
+
 def delegation_facts(edge: Any) -> dict[str, DelegationFacts]:
     """Per method of an ``EdgeProgramManager``: operators inside each delegate vs those left outside.
 
     Count before ``to_executorch``, which rewrites the graphs in place (out variants, allocations).
     """
-    from executorch.exir.delegate import executorch_call_delegate
-
-    facts = {}
-    for method in edge.methods:
-        graph_module = edge.exported_program(method).graph_module
-        delegated, outside = 0, Counter[str]()
-        for node in graph_module.graph.nodes:
-            if node.op == "call_function" and node.target is executorch_call_delegate:
-                lowered = getattr(graph_module, node.args[0].target)
-                delegated += sum(map(_is_tensor_op, lowered.original_module.graph.nodes))
-            elif _is_tensor_op(node):
-                outside[str(getattr(node.target, "__name__", node.target))] += 1
-        facts[method] = DelegationFacts(
-            delegated_ops=delegated, total_ops=delegated + sum(outside.values()), undelegated=dict(outside)
-        )
-    return facts
+    return {method: _edge_facts(edge.exported_program(method).graph_module) for method in edge.methods}
 
 
 def _program_operator(name: str) -> bool:
