@@ -9,20 +9,27 @@ Operator-level triage needs a runtime built with the event tracer (the PyPI whee
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+from prefect_executorch.artifacts.reports import artifact_key
 from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.exporter import ExportedProgramDir, export_program
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.tasks.validate import validate_export
 from prefect_executorch.triage import TriageReport, run_with_etdump, triage_failure
 from prefect_executorch.validator import require_passed, validate_program
 
 import models
 from helpers import spec_data
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 METHODS = {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}
 VALIDATION = {"samples": 1, "latency_runs": 0}
@@ -86,3 +93,18 @@ def test_triage_without_the_event_tracer_says_why(departed, tracer_missing: str 
     assert not report.passed
     assert triage.skipped == tracer_missing and "EXECUTORCH_ENABLE_EVENT_TRACER" in triage.skipped
     assert not triage.operators and triage.describe().startswith(f"triage of forward {triage.case} skipped: ")
+
+
+def test_the_validate_task_attaches_the_triage_and_its_failure_names_the_operator(departed) -> None:
+    spec, export, _, triage, root = departed
+    with pytest.raises(ValidationFailed) as info:
+        validate_export(spec, export, root)
+    assert triage.describe() in str(info.value)
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[artifact_key("triage", f"{spec.name}-{spec.version}-portable")])), limit=1)
+    if triage.skipped:
+        assert artifact.type == "markdown" and triage.skipped in str(artifact.data)
+    else:
+        assert artifact.type == "table" and artifact.description == triage.describe()
+        assert [row["operators"] for row in json.loads(str(artifact.data))] == [gap.operators for gap in triage.rows()]

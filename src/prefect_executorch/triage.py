@@ -196,13 +196,14 @@ def _errors(aot: Any, runtime: Any, atol: float, rtol: float) -> tuple[float, bo
 
 
 def _gaps(frame: Any, spec: BuildSpec, method: str, modules: dict[str, str]) -> list[OperatorGap]:
+    import executorch
     import torch
 
     from prefect_executorch.compare import limits_for
 
     limits = limits_for(spec.validation, method, "", "float32")
     atol, rtol = limits.atol or 0.0, limits.rtol or 0.0
-    roots = (str(Path(torch.__file__).parent), str(Path(__import__("executorch").__file__).parent))
+    roots = (str(Path(torch.__file__).parent), *executorch.__path__)
     gaps = []
     for position, row in enumerate(frame.itertuples(index=False)):
         max_abs, departs = _errors(row.aot_intermediate_output, row.runtime_intermediate_output, atol, rtol)
