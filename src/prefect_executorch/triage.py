@@ -118,9 +118,10 @@ def _case_inputs(spec: BuildSpec, method: str, label: str, sample: int) -> tuple
 def run_with_etdump(pte: Path, data: Path | None, method: str, inputs: tuple[Any, ...], out_dir: Path) -> str | None:
     """Run one method with an ETDump and debug buffer written to ``out_dir``; the reason if the runtime logs nothing."""
     import executorch
-    from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
-    module = _load_for_executorch(str(pte), str(data) if data else None, enable_etdump=True,
+    from prefect_executorch.runtime import runtime_extension
+
+    module = runtime_extension()._load_for_executorch(str(pte), str(data) if data else None, enable_etdump=True,
                                   debug_buffer_size=DEBUG_BUFFER_BYTES)
     module.run_method(method, inputs)
     module.write_etdump_result_to_file(str(out_dir / "etdump.etdp"), str(out_dir / "debug.bin"))
