@@ -27,7 +27,7 @@ def runtime_extension() -> Any:
 
     try:
         from executorch.extension.pybindings import _portable_lib as extension
-    except ModuleNotFoundError:  # ExecuTorch 1.5 renamed the extension to _C
+    except ImportError:  # ExecuTorch 1.5 renamed the extension to _C
         from executorch.extension.pybindings import _C as extension  # type: ignore[attr-defined,no-redef,unused-ignore]
     return extension
 
