@@ -169,7 +169,8 @@ def _module_names(program: ExportedProgram) -> dict[str, str]:
         stack = node.meta.get("nn_module_stack")
         if stack:
             path, kind = list(stack.values())[-1]
-            names[node.name] = f"{path} ({getattr(kind, '__name__', str(kind).rsplit('.', 1)[-1])})"
+            kind = getattr(kind, "__name__", str(kind).rsplit(".", 1)[-1])
+            names[node.name] = f"{path} ({kind})" if path else kind
     return names
 
 
