@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import ModelCard
+from prefect_executorch.triage import TriageReport
 
 if TYPE_CHECKING:
     from prefect_executorch.artifacts.aliases import AliasRecord
@@ -77,6 +78,18 @@ def publish_validation_artifacts(title: str, report: ValidationReport, card: Mod
         table=[row.model_dump() for row in report.shape_rows()],
         description=f"Validation of {title}: worst error per method x shape",
     )
+
+
+def publish_triage_artifact(title: str, triage: TriageReport) -> None:
+    """Attach the triage of a failed validation: a table of its first and worst operators, or why it was skipped."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    key = artifact_key("triage", title)
+    if triage.rows():
+        create_table_artifact(key=key, table=[row.model_dump() for row in triage.rows()], description=triage.describe())
+    else:
+        create_markdown_artifact(key=key, markdown=f"# Triage: {title}\n\n{triage.describe()}",
+                                 description=f"Triage of {title}: none")
 
 
 def publish_promotion_artifact(title: str, record: AliasRecord) -> None:

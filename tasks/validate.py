@@ -7,13 +7,14 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.manifest import Manifest
-from prefect_executorch.artifacts.reports import publish_validation_artifacts
+from prefect_executorch.artifacts.reports import publish_triage_artifact, publish_validation_artifacts
 from prefect_executorch.bundled import BUNDLED_FILE, method_cases, require_bundled_passed, skip_reason, verify_bundled
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.progress import stage
 from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec
+from prefect_executorch.triage import triage_failure
 from prefect_executorch.validator import require_passed, validate_program
 
 
@@ -26,7 +27,10 @@ def _validate(
     publish_validation_artifacts(title, report, spec.card)
     get_run_logger().info("validation of %s %s: %s", title, "passed" if report.passed else "FAILED",
                           report.describe_worst())
-    require_passed(report)
+    triage = None if report.passed else triage_failure(spec, report, bundle_dir, data_files, scratch_dir=scratch_dir)
+    if triage is not None:
+        publish_triage_artifact(title, triage)
+    require_passed(report, triage)
     return report
 
 

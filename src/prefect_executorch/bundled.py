@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.report import ValidationReport
-from prefect_executorch.runtime import describe_runtime_error
+from prefect_executorch.runtime import describe_runtime_error, runtime_extension
 from prefect_executorch.targets import get_target
 
 if TYPE_CHECKING:
@@ -198,7 +198,7 @@ def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
 
     req = VerifyBundledRequest.model_validate(request)
     get_target(req.target).runtime_setup()
-    from executorch.extension.pybindings import _portable_lib as portable_lib
+    portable_lib = runtime_extension()
 
     bundle = Path(req.bundle_dir)
     # Both buffers must outlive the loaded program: the runtime keeps pointers into them.

@@ -297,6 +297,7 @@ def validate(
 
     from prefect_executorch.errors import SpecError
     from prefect_executorch.spec import load_spec
+    from prefect_executorch.triage import triage_failure
     from prefect_executorch.validator import require_passed, validate_program
 
     if (bundle_dir is None) == (bundle is None):
@@ -324,7 +325,8 @@ def validate(
         if report_path is not None:
             report_path.write_text(report.model_dump_json(indent=2))
         print_report(report)
-        require_passed(report)
+        require_passed(report, None if report.passed else triage_failure(spec, report, bundle_dir, data_files,
+                                                                          scratch_dir=root))
     finally:
         if output is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -40,6 +40,7 @@ COMMANDS: dict[str, str] = {
     "probe": "prefect_executorch.toolchain:probe_in_child",
     "verify-bundled": "prefect_executorch.bundled:verify_bundled_in_child",
     "side_by_side": "prefect_executorch.sidebyside:side_by_side_in_child",
+    "triage": "prefect_executorch.triage:triage_in_child",
 }
 #: What the forkserver imports once, so that children do not (missing ones are skipped). Never the
 #: ExecuTorch runtime: the TensorRT delegate package must swap in its own before the stock one loads.

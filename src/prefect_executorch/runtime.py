@@ -19,6 +19,19 @@ BACKEND_PACKAGES = {
     "TensorRTBackend": "torch-tensorrt-executorch-runtime",
     "CudaBackend": "a CUDA build of executorch",
 }
+
+
+def runtime_extension() -> Any:
+    """ExecuTorch's runtime extension itself: its ``portable_lib`` wrapper imports all of executorch.exir (7-10 s)."""
+    import torch  # noqa: F401 - loads libtorch, which the runtime extension links against
+
+    try:
+        from executorch.extension.pybindings import _portable_lib as extension
+    except ImportError:  # ExecuTorch 1.5 renamed the extension to _C
+        from executorch.extension.pybindings import _C as extension  # type: ignore[attr-defined,no-redef,unused-ignore]
+    return extension
+
+
 _ERROR_CODE = re.compile(r"error:\s*0x:?([0-9a-fA-F]+)")
 #: ExecuTorch's runtime error codes (runtime/core/error.h) that a user can act on.
 ERROR_NAMES = {
@@ -59,11 +72,7 @@ class LoadedProgram:
     """A program loaded by the ExecuTorch runtime, with its facts for input checks."""
 
     def __init__(self, pte: Path, data: Path | None = None, channel: str | None = None) -> None:
-        import torch  # noqa: F401 - loads libtorch, which the runtime extension links against
-
-        # The extension itself: its ``portable_lib`` wrapper imports all of executorch.exir (7-10 s).
-        from executorch.extension.pybindings import _portable_lib as portable_lib
-
+        portable_lib = runtime_extension()
         self.facts: dict[str, MethodFacts] = read_program(pte)
         self.path = pte
         delegates = {d for facts in self.facts.values() for d in facts.delegates}

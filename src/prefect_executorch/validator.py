@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import torch
 
     from prefect_executorch.spec import MethodSpec
+    from prefect_executorch.triage import TriageReport
 
 Inputs = tuple["torch.Tensor", ...]
 
@@ -296,8 +297,8 @@ def validate_program(
     return report.model_copy(update={"memory_bound": bound.describe() if bound else "none"})
 
 
-def require_passed(report: ValidationReport) -> None:
-    """Raise ``ValidationFailed`` naming the worst output (or the failed gates) if the report failed."""
+def require_passed(report: ValidationReport, triage: TriageReport | None = None) -> None:
+    """Raise ``ValidationFailed`` naming the worst output (or the failed gates), and the triage's operator, if it failed."""
     if report.passed:
         return
     parts = []
@@ -305,4 +306,6 @@ def require_passed(report: ValidationReport) -> None:
     if failed:
         parts.append(f"{len(failed)} of {len(report.cases)} validation cases failed")
     parts += [gate.describe() for gate in report.failed_gates()]
-    raise ValidationFailed("; ".join(parts) + f"; worst: {report.describe_worst()}")
+    parts.append(f"worst: {report.describe_worst()}")
+    parts += [triage.describe()] if triage else []
+    raise ValidationFailed("; ".join(parts))
