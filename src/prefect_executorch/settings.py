@@ -31,21 +31,20 @@ ROOT_PREFIX = "PREFECT_EXECUTORCH_"
 _KEYGEN_HINT = "create one with `openssl ecparam -name prime256v1 -genkey -noout -out key.pem` (see docs/store.md)"
 
 
-def _config(section: str | None = None, *, env_prefix: str | None = None, **overrides: Any) -> PrefectSettingsConfigDict:
+def _config(section: str | None = None, *, env_prefix: str | None = None) -> PrefectSettingsConfigDict:
     """Prefect's settings config for ``[executorch.<section>]``; ``env_prefix`` keeps a variable name older than the section."""
     config = build_settings_config(("executorch", section) if section else ("executorch",))
     config["env_ignore_empty"] = True
     if env_prefix is not None:
         config["env_prefix"] = env_prefix
-    config.update(overrides)  # type: ignore[typeddict-item]
     return config
 
 
 class S3Settings(PrefectBaseSettings):
     """Transfer and retry tuning of ``S3Store``: ``PREFECT_EXECUTORCH_S3_<FIELD>``."""
 
-    # forbid: a misspelt keyword (``S3Settings(part_sise=…)``) or toml key is an error, not a silent default.
-    model_config = _config("s3", extra="forbid")
+    # extra="ignore" (Prefect's), not "forbid": a shared .env file holds every section's keys.
+    model_config = _config("s3")
 
     endpoint_url: str | None = Field(
         default=None, description="S3 API endpoint; unset: boto3's chain (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL).")
