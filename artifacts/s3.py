@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlparse
 
 import boto3
@@ -48,8 +48,6 @@ from botocore.exceptions import (
     SSLError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prefect_executorch.artifacts.store import IncompleteUpload, ObjectInfo, ObjectStore, PutResult, check_key
 from prefect_executorch.errors import (
@@ -62,6 +60,7 @@ from prefect_executorch.errors import (
     SpecError,
     StoreError,
 )
+from prefect_executorch.settings import MiB, S3Settings, get_settings
 
 if TYPE_CHECKING:
     from botocore.config import _S3Dict
@@ -71,9 +70,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-MiB = 2**20
-#: S3's limits: parts of 5 MiB..5 GiB, at most 10,000 of them.
-MIN_PART = 5 * MiB
+#: S3's limits (the least part size, MIN_PART, lives with the settings it bounds): at most 10,000 parts.
 MAX_PARTS = 10_000
 #: Object metadata key holding the whole object's hex sha256 (``x-amz-meta-sha256``).
 SHA256_META = "sha256"
@@ -92,39 +89,6 @@ _UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ProxyConnectionErr
 _TRANSIENT = (BotoConnectionError, HTTPClientError, IncompleteReadError)
 T = TypeVar("T")
 Progress = Callable[[str, int, int], None]
-
-
-class S3Settings(BaseSettings):
-    """Transfer and retry tuning; every field also reads ``PREFECT_EXECUTORCH_S3_<FIELD>`` from the environment."""
-
-    model_config = SettingsConfigDict(env_prefix="PREFECT_EXECUTORCH_S3_", extra="forbid")
-
-    endpoint_url: str | None = Field(
-        default=None, description="S3 API endpoint; unset: boto3's chain (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL).")
-    region: str | None = Field(default=None, description="Region; unset: boto3's chain, else us-east-1.")
-    addressing_style: Literal["auto", "path", "virtual"] | None = Field(
-        default=None, description="Bucket in the path or in the host name; unset: boto3's config (auto).")
-    multipart_threshold: int = Field(
-        default=16 * MiB, ge=MIN_PART, description="Files at least this large go up in parts.")
-    part_size: int = Field(
-        default=8 * MiB, ge=MIN_PART, description="Bytes per part (raised when a file needs over 10,000).")
-    max_concurrency: int = Field(
-        default=8, ge=1, le=64, description="Parts uploading at once; memory holds about one more than this.")
-    max_attempts: int = Field(
-        default=5, ge=1, description="Attempts per request (botocore's), and rounds of ours around parts and downloads.")
-    retry_mode: Literal["standard", "adaptive"] = Field(default="standard", description="botocore retry mode.")
-    retry_backoff_s: float = Field(default=0.5, ge=0, description="First wait between our rounds around parts and downloads.")
-    connect_timeout_s: float = Field(default=10.0, gt=0, description="Seconds to open a connection.")
-    read_timeout_s: float = Field(default=120.0, gt=0, description="Seconds to wait for a response.")
-    progress: bool | None = Field(
-        default=None, description="Rich progress bar on stderr for multipart uploads; unset: if stderr is a terminal.")
-
-    def transfer_config(self) -> Any:
-        """The same tuning as a boto3 ``TransferConfig`` (for comparing against ``upload_file``)."""
-        from boto3.s3.transfer import TransferConfig
-
-        return TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=self.part_size,
-                              max_concurrency=self.max_concurrency)
 
 
 def _b64(digest: bytes) -> str:
@@ -187,7 +151,7 @@ class S3Store(ObjectStore):
         self.bucket = check_bucket(bucket)
         self.prefix = check_key(prefix.strip("/")) if prefix.strip("/") else ""
         self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-        self.settings = settings or S3Settings()
+        self.settings = settings or get_settings().s3
         self._progress = progress
         self._session = session or boto3.session.Session()
         s3_options: _S3Dict = {
@@ -231,7 +195,7 @@ class S3Store(ObjectStore):
             raise SpecError(f"store URL: {url!r} is not s3://bucket[/prefix]")
         if parsed.query or parsed.fragment:
             raise SpecError(f"store URL: {url!r} has a query or fragment; use s3://bucket[/prefix] and --endpoint-url")
-        settings = kwargs.pop("settings", None) or S3Settings()
+        settings = kwargs.pop("settings", None) or get_settings().s3
         if endpoint_url:
             settings = settings.model_copy(update={"endpoint_url": endpoint_url})
         return cls(parsed.netloc, parsed.path, settings=settings, **kwargs)

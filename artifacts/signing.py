@@ -25,65 +25,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-from prefect_executorch.errors import IntegrityError, SpecError
+from prefect_executorch.errors import IntegrityError
 
 DIGEST_FIELD = "digest"
 #: The retired Ed25519 signature of schema-2 manifests: outside the digest, ignored on read.
 LEGACY_SIGNATURE_FIELD = "signature"
 SIGNATURE_FILE = "model.sig"
-_KEYGEN_HINT = "create one with `openssl ecparam -name prime256v1 -genkey -noout -out key.pem` (see docs/store.md)"
-
-
-class SigningSettings(BaseSettings):
-    """Where the keys are; ``PREFECT_EXECUTORCH_SIGNING_KEY`` and ``PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY``."""
-
-    model_config = SettingsConfigDict(env_prefix="PREFECT_EXECUTORCH_", extra="ignore")
-
-    signing_key: Path | None = Field(
-        default=None, description="PEM EC (P-256) private key; when set, publish signs every bundle with it.")
-    signing_public_key: Path | None = Field(
-        default=None, description="PEM EC public key; when set, pull refuses bundles it does not verify.")
-
-    def checked_signing_key(self) -> Path | None:
-        """The private key's path after checking it is a usable EC key, or None when signing is off."""
-        from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
-        from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-        if self.signing_key is None:
-            return None
-        key = _load(self.signing_key, "SIGNING_KEY", lambda data: load_pem_private_key(data, password=None))
-        if not isinstance(key, EllipticCurvePrivateKey):
-            raise SpecError(f"PREFECT_EXECUTORCH_SIGNING_KEY: {self.signing_key} holds a {type(key).__name__}, not an "
-                            f"EC private key; {_KEYGEN_HINT}")
-        return self.signing_key
-
-    def checked_public_key(self) -> Path | None:
-        """The public key's path after checking it is an EC public key, or None when verification is off."""
-        from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePublicKey
-        from cryptography.hazmat.primitives.serialization import load_pem_public_key
-
-        if self.signing_public_key is None:
-            return None
-        key = _load(self.signing_public_key, "SIGNING_PUBLIC_KEY", load_pem_public_key)
-        if not isinstance(key, EllipticCurvePublicKey):
-            raise SpecError(f"PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY: {self.signing_public_key} holds a "
-                            f"{type(key).__name__}, not an EC public key; export it with `openssl ec -in key.pem -pubout`")
-        return self.signing_public_key
-
-
-def _load(path: Path, setting: str, parse: Any) -> Any:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SpecError(f"PREFECT_EXECUTORCH_{setting}: cannot read {path} ({exc.strerror}); set it to a PEM file") from None
-    try:
-        return parse(data)
-    except (ValueError, TypeError):
-        # The message of a failed parse can quote key material: never repeat it.
-        raise SpecError(f"PREFECT_EXECUTORCH_{setting}: {path} is not a PEM key without a passphrase; {_KEYGEN_HINT}") from None
 
 
 def _hashing() -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -12,10 +11,7 @@ from prefect.context import TaskRunContext
 from prefect.filesystems import WritableFileSystem
 
 from prefect_executorch.artifacts.rebuild import PublishedBuild
-
-#: Where cached build results live when a flow is given no ``result_storage``: a directory, or
-#: ``block:<type>/<name>`` for a storage block (an ``s3-bucket`` block for a fleet).
-RESULT_STORAGE_ENV = "PREFECT_EXECUTORCH_RESULT_STORAGE"
+from prefect_executorch.settings import get_settings
 
 
 @dataclass
@@ -45,7 +41,7 @@ def resolve_result_storage(value: str | None) -> Path | WritableFileSystem | Non
 
     Prefect reads a plain string as a block slug, so directories are passed on as ``Path``.
     """
-    value = value or os.environ.get(RESULT_STORAGE_ENV)
+    value = value or get_settings().result_storage
     if not value:
         return None
     if value.startswith("block:"):

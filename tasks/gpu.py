@@ -11,16 +11,20 @@ from contextlib import contextmanager
 from prefect import get_client
 from prefect.concurrency.sync import concurrency
 
-#: Set by the worker for the runs it starts: the physical index of the GPU it is pinned to.
+from prefect_executorch.settings import get_settings
+
+#: The ``gpu`` setting's variable, set by the worker for the runs it starts: the physical index of the GPU it is pinned to.
 GPU_ENV = "PREFECT_EXECUTORCH_GPU"
 
 
 def gpu_index_from_env() -> int:
     """The GPU this process builds on: ``$PREFECT_EXECUTORCH_GPU``, else a single ``CUDA_VISIBLE_DEVICES``, else 0."""
-    for value in (os.environ.get(GPU_ENV), os.environ.get("CUDA_VISIBLE_DEVICES")):
-        if value and value.strip().isdigit():
-            return int(value)
-    return 0
+    pinned = get_settings().gpu
+    if pinned is not None:
+        return pinned
+    # CUDA's own variable, not one of our settings: a single index there names the GPU too.
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return int(visible) if visible.isdigit() else 0
 
 
 def gpu_limit_name(host: str, index: int) -> str:

@@ -30,6 +30,7 @@ class AutomationsFile(BaseModel):
 def _expand(value: Any) -> Any:
     """``{{ $VAR }}`` from the environment, everywhere in the tree (unset: empty)."""
     if isinstance(value, str):
+        # Any variable the file names, as prefect.yaml's templates do: not only our settings.
         return _ENV.sub(lambda match: os.environ.get(match.group(1), ""), value)
     if isinstance(value, list):
         return [_expand(item) for item in value]

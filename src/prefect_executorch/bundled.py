@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import run_isolated
@@ -24,6 +23,7 @@ from prefect_executorch.targets import get_target
 if TYPE_CHECKING:
     import torch
 
+    from prefect_executorch.settings import BundledSettings
     from prefect_executorch.spec import BuildSpec
 
 BUNDLED_FILE = "model.bpte"
@@ -32,17 +32,6 @@ BUNDLED_FILE = "model.bpte"
 BUNDLED_TARGETS = ("xnnpack", "portable")
 #: Recorded cases per method: (inputs, eager outputs flattened in the program's output order).
 Cases = dict[str, list[tuple[tuple["torch.Tensor", ...], list[Any]]]]
-
-
-class BundledSettings(BaseSettings):
-    """When a bundle carries a ``model.bpte``; each field also reads ``PREFECT_EXECUTORCH_<FIELD>``."""
-
-    model_config = SettingsConfigDict(env_prefix="PREFECT_EXECUTORCH_", extra="ignore")
-
-    bundled_max_program_mib: float = Field(
-        default=512, ge=0,
-        description="Programs larger than this get no model.bpte (it embeds the program a second time).")
-    bundled_timeout_s: float = Field(default=600, gt=0, description="Wall-time limit of the child that runs the cases.")
 
 
 class BundledMethod(BaseModel):
@@ -90,6 +79,14 @@ class VerifyBundledRequest(BaseModel):
     methods: dict[str, BundledMethod]
 
 
+def _bundled_settings() -> BundledSettings:
+    # Imported here, not at the top: the validating child imports this module, and Prefect's import
+    # (which the settings need) would cost every spawned child seconds.
+    from prefect_executorch.settings import get_settings
+
+    return get_settings().bundled
+
+
 def skip_reason(program: Path, spec: BuildSpec, settings: BundledSettings | None = None) -> str | None:
     """Why ``program`` gets no ``.bpte`` (its target, quantization or size), or None when it gets one."""
     target = spec.target_name
@@ -98,7 +95,7 @@ def skip_reason(program: Path, spec: BuildSpec, settings: BundledSettings | None
     if spec.quantization is not None:
         return (f"a quantized ({spec.quantization.scheme}) program is held to a cosine floor and a relative error "
                 "against the float model, which ExecuTorch's bundled check (element-wise atol/rtol) cannot express")
-    limit = (settings or BundledSettings()).bundled_max_program_mib
+    limit = (settings or _bundled_settings()).bundled_max_program_mib
     size_mib = program.stat().st_size / 2**20
     if size_mib > limit:
         return (f"program is {size_mib:.1f} MiB, above PREFECT_EXECUTORCH_BUNDLED_MAX_PROGRAM_MIB={limit:g}; "
@@ -237,7 +234,7 @@ def verify_bundled(bundle_dir: Path, target: str, data_files: list[str], methods
     with tempfile.TemporaryDirectory(prefix="bundled-", dir=scratch_dir) as scratch:
         try:
             return run_isolated("verify-bundled", request, BundledCheck,
-                                timeout_s=(settings or BundledSettings()).bundled_timeout_s, scratch_dir=Path(scratch),
+                                timeout_s=(settings or _bundled_settings()).bundled_timeout_s, scratch_dir=Path(scratch),
                                 what=f"the bundled cases of {bundle_dir}")
         except ChildProcessFailed as exc:
             raise ValidationFailed(f"{exc}; the bundled program did not run on this machine") from exc

@@ -34,6 +34,7 @@ DEBUG_ENV = "PREFECT_EXECUTORCH_DEBUG"
 
 
 def _quiet_defaults(debug: bool) -> None:
+    # Defaults written for Prefect and its children, not our settings: each stays the user's to override.
     # No telemetry from a build tool, and no surprise network calls in an offline build.
     os.environ.setdefault("DO_NOT_TRACK", "1")
     # A fresh ephemeral database takes longer than Prefect's 20 s default on a small machine.
@@ -60,7 +61,21 @@ def _one_message(exc: PrefectExecutorchError) -> str:
 
 
 def _debug() -> bool:
-    return bool(os.environ.get(DEBUG_ENV))
+    from prefect_executorch.errors import InvalidSetting
+    from prefect_executorch.settings import get_settings
+
+    try:
+        return get_settings().debug
+    except InvalidSetting:
+        # Asked while reporting an error, possibly this one: report it without a traceback.
+        return False
+
+
+def _store(option: str | None) -> str:
+    """``--store``, else the ``store`` setting (``$PREFECT_EXECUTORCH_STORE``, a profile…), else ``./bundles``."""
+    from prefect_executorch.settings import get_settings
+
+    return option or get_settings().store or DEFAULT_STORE
 
 
 def _start_children() -> None:
@@ -92,6 +107,7 @@ def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="
     """Export PyTorch models to ExecuTorch, validate them against eager PyTorch, publish bundles."""
     _quiet_defaults(debug)
     if debug:
+        # Written, not only kept: the error handler, the flows and child processes read the debug setting.
         os.environ[DEBUG_ENV] = "1"
     from prefect_executorch.embedded import embedded_settings
 
@@ -102,7 +118,7 @@ def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="
 @handle_errors
 def build(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
-    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help="Directory or s3://bucket/prefix."),
+    store: str | None = typer.Option(None, "--store", help="Directory or s3://bucket/prefix."),
     output: Path | None = typer.Option(None, "--output", help="Keep export directories here (default: temporary)."),
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
@@ -110,6 +126,7 @@ def build(
     from prefect_executorch.progress import listening, stage
     from prefect_executorch.spec import load_spec
 
+    store = _store(store)
     spec = load_spec(spec_path)
     spec.check_model_reference()
     view = LiveView()
@@ -397,10 +414,10 @@ _STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DE
 _ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
 
 
-def _open(store: str, endpoint_url: str | None) -> Any:
+def _open(store: str | None, endpoint_url: str | None) -> Any:
     from prefect_executorch.artifacts.store import open_store
 
-    return open_store(store, endpoint_url=endpoint_url)
+    return open_store(_store(store), endpoint_url=endpoint_url)
 
 
 @app.command()
@@ -412,7 +429,7 @@ def pull(
     alias: str | None = typer.Option(None, "--alias", help="Alias to pull (prod, staging...)."),
     target: str | None = typer.Option(None, "--target", help="Only bundles of this target."),
     compat: str = typer.Option("auto", "--compat", help="'auto' (fits this machine) or a compat key."),
-    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
+    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
     run_cases: bool = typer.Option(False, "--verify", help="Also run the bundle's test cases (model.bpte) here first."),
 ) -> None:
@@ -450,7 +467,7 @@ def promote(
         False, "--allow-output-change", help="New weights: gate latency only (the output comparison is still recorded)."),
     spec_file: Path | None = typer.Option(
         None, "--spec", help="Spec whose validation tolerances and latency settings the side-by-side uses."),
-    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
+    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
     """Point an alias at a validated bundle that agrees with and is no slower than the alias's (compare-and-swap)."""
@@ -476,7 +493,7 @@ def promote(
 def ls_command(
     name: str | None = typer.Argument(None, metavar="NAME", help="Model name (default: list the store's models)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
+    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
     """List a model's versions, targets, compat keys and aliases; without NAME, the store's models."""
@@ -514,7 +531,7 @@ def gc_command(
     name: str | None = typer.Argument(None, metavar="NAME", help="Only this model (default: the whole store)."),
     apply: bool = typer.Option(False, "--apply", help="Remove what was found (default: dry run)."),
     grace_hours: float = typer.Option(24.0, "--grace-hours", min=0, help="Leave anything younger than this."),
-    store: str = typer.Option(DEFAULT_STORE, "--store", envvar=STORE_ENV, help=_STORE_HELP),
+    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
     """Find objects of bundles that never got a manifest, and unfinished uploads, older than the grace period."""
@@ -547,7 +564,7 @@ def gc_command(
 @handle_errors
 def deploy(
     prefect_file: Path = typer.Option(Path("deployments/prefect.yaml"), "--prefect-file", help="The prefect.yaml to deploy."),
-    store: str | None = typer.Option(None, "--store", envvar=STORE_ENV,
+    store: str | None = typer.Option(None, "--store",
                                         help="Bundle store the deployments publish to ({{ $PREFECT_EXECUTORCH_STORE }})."),
     name: list[str] = typer.Option([], "--name", help="Deploy only these 'flow/deployment' names (default: all)."),
     project_dir: Path = typer.Option(Path("."), "--project-dir", help="Where runs start (relative model paths resolve here)."),
@@ -557,9 +574,12 @@ def deploy(
     """Create the work pools and queues the deployments need, `prefect deploy` them, then apply the automations."""
     from prefect_executorch.errors import SpecError
     from prefect_executorch.fleet import plan_pools, prepare_pools, run_prefect_deploy
+    from prefect_executorch.settings import get_settings
 
+    store = store or get_settings().store
     if not store:
         raise SpecError(f"--store: not set; pass --store s3://bucket/prefix (or set {STORE_ENV})")
+    # Not a setting read: prefect.yaml's {{ $PREFECT_EXECUTORCH_STORE }} takes the chosen store from `prefect deploy`'s env.
     os.environ[STORE_ENV] = store
     plans = plan_pools(prefect_file)
     for line in prepare_pools(plans):
@@ -603,6 +623,7 @@ def worker(
                           f"{describe_worker(toolchain, gpu)}: every run will be refused")
     prepare_pools([plan_pool(pool, tuple(queue))])
     worker_name = name or default_worker_name(toolchain, gpu)
+    # The worker process's environment, not a setting read: it passes our probe and pin on to it.
     env = {**os.environ, TOOLCHAIN_ENV: toolchain.model_dump_json()}
     env.setdefault("PREFECT_WORKER_WEBSERVER_HOST", "127.0.0.1")  # Prefect's default is 0.0.0.0
     if gpu is not None:

@@ -16,6 +16,10 @@ class SpecError(PrefectExecutorchError, ValueError):
     exit_code = 2
 
 
+class InvalidSetting(SpecError):
+    """A ``PREFECT_EXECUTORCH_*`` setting (environment, .env, prefect.toml or profile) has a value it cannot take."""
+
+
 class ToolchainMismatch(PrefectExecutorchError):
     """This machine's toolchain cannot build or run what was asked for."""
 

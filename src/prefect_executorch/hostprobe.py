@@ -63,6 +63,7 @@ def find_nvcc() -> str | None:
     found = shutil.which("nvcc")
     if found:
         return found
+    # The CUDA toolkit's variables, not our settings (and this module runs with torch alone, without pydantic).
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if home and (Path(home) / "bin" / "nvcc").is_file():
             return str(Path(home) / "bin" / "nvcc")

@@ -51,13 +51,20 @@ PRELOAD = [
     "prefect_executorch.exporter",
     "prefect_executorch.validator",
 ]
+#: IsolationSettings.child_start's variable, for callers that set it for themselves (benchmarks/validation_cost.py).
 START_METHOD_ENV = "PREFECT_EXECUTORCH_CHILD_START"
 
 
+def _start_method() -> str:
+    """``forkserver`` or ``spawn``: ``IsolationSettings.child_start``, read now."""
+    # Imported here: the children import this module, and the settings import Prefect.
+    from prefect_executorch.settings import get_settings
+
+    return get_settings().isolation.child_start
+
+
 def _context() -> Any:
-    method = os.environ.get(START_METHOD_ENV, "forkserver")
-    if method not in ("forkserver", "spawn"):
-        raise errors.SpecError(f"{START_METHOD_ENV}={method!r}: use 'forkserver' (default) or 'spawn'")
+    method = _start_method()
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         context.set_forkserver_preload(PRELOAD)
@@ -91,7 +98,7 @@ def warm_up(quiet: bool = False) -> None:
     ``quiet`` sends the forkserver's own stderr to /dev/null: its imports print C-level notes
     (cpuinfo, optional kernels) that a terminal user cannot act on; each child logs to its own file anyway.
     """
-    if os.environ.get(START_METHOD_ENV, "forkserver") != "forkserver":
+    if _start_method() != "forkserver":
         return
     check_main_guard()
     _context()

@@ -73,6 +73,7 @@ def _flatc(root: Path) -> str:
     bundled = root / "data" / "bin" / "flatc"
     if bundled.is_file() and os.access(bundled, os.X_OK):
         return str(bundled)
+    # ExecuTorch's own variable (its serializer reads it too), not one of our settings.
     found = shutil.which(os.environ.get("FLATC_EXECUTABLE", "flatc"))
     if found is None:
         raise ToolchainMismatch(

@@ -11,7 +11,6 @@ executorch`` finds it too.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import anyio.abc
@@ -22,10 +21,12 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, P
 from pydantic import Field
 
 from prefect_executorch.placement import Decision, route
+from prefect_executorch.settings import get_settings
 from prefect_executorch.tasks.gpu import GPU_ENV, ensure_gpu_limits
 from prefect_executorch.toolchain import Toolchain, probe_isolated
 
 WORKER_TYPE = "executorch"
+#: WorkerSettings' variables, which the CLI sets for the worker process it starts.
 #: The probe the CLI made before starting the worker, as JSON (saves a second torch import).
 TOOLCHAIN_ENV = "PREFECT_EXECUTORCH_WORKER_TOOLCHAIN"
 #: The GPU index this worker is pinned to; its runs see only that GPU.
@@ -63,15 +64,14 @@ class ExecutorchVariables(ProcessVariables):
 
 def worker_toolchain() -> Toolchain:
     """The toolchain the CLI passed in the environment, else a fresh probe in a child process."""
-    passed = os.environ.get(TOOLCHAIN_ENV)
+    passed = get_settings().worker.toolchain
     # The probe's child, not the worker, imports torch and touches the GPU: the worker holds no CUDA context.
     return Toolchain.model_validate_json(passed) if passed else probe_isolated()
 
 
 def worker_gpu() -> int | None:
     """The GPU this worker is pinned to, if any."""
-    value = os.environ.get(WORKER_GPU_ENV, "").strip()
-    return int(value) if value.isdigit() else None
+    return get_settings().worker.gpu
 
 
 def advertised(toolchain: Toolchain, gpu_index: int | None) -> dict[str, str]:
@@ -155,5 +155,6 @@ class ExecutorchWorker(ProcessWorker):
                 task_status.started(-1)
             return ProcessWorkerResult(status_code=0, identifier="refused")
         if self.gpu_index is not None:
+            # The run's environment, not a setting read: CUDA's own variable and the GPU setting of the flow run.
             configuration.env.update({"CUDA_VISIBLE_DEVICES": str(self.gpu_index), GPU_ENV: str(self.gpu_index)})
         return await super().run(flow_run, configuration, task_status)

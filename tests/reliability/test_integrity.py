@@ -15,9 +15,10 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, VALIDATION_FILE, BundleKey
 from prefect_executorch.artifacts.registry import BundleRef, publish, pull, signature_key, verify_bundle_dir
-from prefect_executorch.artifacts.signing import SIGNATURE_FILE, SigningSettings, seal
+from prefect_executorch.artifacts.signing import SIGNATURE_FILE, seal
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import IntegrityError, SpecError
+from prefect_executorch.settings import SigningSettings
 
 from realbundle import RealBundle, store_kind
 
