@@ -19,6 +19,22 @@ from helpers import spec_data
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 #: A child start method the isolation module refuses: any attempt to start a child then fails loudly.
 NO_CHILDREN = {"PREFECT_EXECUTORCH_CHILD_START": "none-allowed"}
+#: The CLI with a tripwire on every way it could start a process (an isolated child, Prefect's server, any
+#: subprocess). The environment stays as it is: it is part of the probe cache's key.
+CLI_WITHOUT_CHILDREN = [sys.executable, "-c", """
+import os, runpy, sys
+sys.path[0] = os.getcwd()  # as `python -m` has it: sys.path is part of the probe cache's key
+def refuse(event, args):
+    if event in ("subprocess.Popen", "os.posix_spawn", "os.fork", "os.exec"):
+        raise RuntimeError("tripwire: this run may not start a process (" + event + ")")
+sys.addaudithook(refuse)
+import prefect_executorch.isolation as isolation
+def no_child(*args, **kwargs):
+    raise RuntimeError("tripwire: this run may not start a child (run_isolated)")
+isolation.run_isolated = no_child
+sys.argv = ["prefect-executorch", *sys.argv[1:]]
+runpy.run_module("prefect_executorch.cli", run_name="__main__")
+"""]
 
 
 @pytest.fixture
@@ -115,14 +131,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
 def test_the_cli_rebuild_answers_from_the_cached_probe_and_probes_again_after_a_change(
         built: tuple[Path, dict[str, str]]) -> None:
     work, env = built
-    rebuild = [*CLI, "build", "spec.json"]
-    hit = subprocess.run(rebuild, capture_output=True, text=True, cwd=work, env={**env, **NO_CHILDREN}, timeout=300)
+    rebuild, guarded = [*CLI, "build", "spec.json"], [*CLI_WITHOUT_CHILDREN, "build", "spec.json"]
+    hit = subprocess.run(guarded, capture_output=True, text=True, cwd=work, env=env, timeout=300)
     assert hit.returncode == 0, hit.stdout + hit.stderr
     assert "cache hit (unchanged rebuild, nothing exported): mlp/1/portable/" in hit.stdout
-    changed = {**env, **NO_CHILDREN, "CUDA_VISIBLE_DEVICES": "3"}
-    refused = subprocess.run(rebuild, capture_output=True, text=True, cwd=work, env=changed, timeout=300)
-    # The probe's inputs changed, so the CLI had to start a child to probe (and this setting forbids it).
-    assert refused.returncode == 2 and "none-allowed" in refused.stderr, refused.stdout + refused.stderr
+    changed = {**env, "CUDA_VISIBLE_DEVICES": "3"}
+    refused = subprocess.run(guarded, capture_output=True, text=True, cwd=work, env=changed, timeout=300)
+    # The probe's inputs changed, so the CLI had to start a child to probe (and the tripwire forbids it).
+    assert refused.returncode != 0 and "tripwire" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
     probed = subprocess.run(rebuild, capture_output=True, text=True, cwd=work, env={**env, "CUDA_VISIBLE_DEVICES": "3"},
                             timeout=300)
     assert probed.returncode == 0 and "cache hit" in probed.stdout, probed.stdout + probed.stderr

@@ -48,6 +48,8 @@ PRELOAD = [
     "torch",
     "executorch.exir",
     "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+    # Delegation facts, bundled programs and triage (~0.8 s each child otherwise); loads no runtime.
+    "executorch.devtools",
     "prefect_executorch.exporter",
     "prefect_executorch.validator",
 ]

@@ -117,7 +117,7 @@ def _case_inputs(spec: BuildSpec, method: str, label: str, sample: int) -> tuple
 
 def run_with_etdump(pte: Path, data: Path | None, method: str, inputs: tuple[Any, ...], out_dir: Path) -> str | None:
     """Run one method with an ETDump and debug buffer written to ``out_dir``; the reason if the runtime logs nothing."""
-    import executorch
+    from importlib.metadata import version
 
     from prefect_executorch.runtime import runtime_extension
 
@@ -127,7 +127,8 @@ def run_with_etdump(pte: Path, data: Path | None, method: str, inputs: tuple[Any
     module.write_etdump_result_to_file(str(out_dir / "etdump.etdp"), str(out_dir / "debug.bin"))
     if (out_dir / "etdump.etdp").is_file():
         return None
-    return NO_EVENT_TRACER.format(version=f"executorch {getattr(executorch, '__version__', 'unknown version')}")
+    # The package has no __version__; its distribution's metadata says which wheel this is.
+    return NO_EVENT_TRACER.format(version=f"executorch {version('executorch')}")
 
 
 def _reference_etrecord(spec: BuildSpec, method: str, inputs: tuple[Any, ...], path: Path) -> ExportedProgram:
@@ -223,7 +224,6 @@ def _gaps(frame: Any, spec: BuildSpec, method: str, modules: dict[str, str]) -> 
 def triage_in_child(request: dict[str, Any]) -> TriageReport:
     """Child side: replay the failing case on the program with an ETDump, compare each operator with the ETRecord."""
     import torch
-    from executorch.devtools import Inspector
 
     req = TriageRequest.model_validate(request)
     spec, bundle, work = req.spec, Path(req.bundle_dir), Path(req.work_dir)
@@ -235,6 +235,8 @@ def triage_in_child(request: dict[str, Any]) -> TriageReport:
         skipped = run_with_etdump(bundle / req.program, data, req.method, inputs, work)
         if skipped:
             return report.model_copy(update={"skipped": skipped})
+        from executorch.devtools import Inspector
+
         program = _reference_etrecord(spec, req.method, inputs, work / "etrecord.bin")
         inspector = Inspector(etdump_path=str(work / "etdump.etdp"), etrecord=str(work / "etrecord.bin"),
                               debug_buffer_path=str(work / "debug.bin"))
