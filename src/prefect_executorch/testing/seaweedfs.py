@@ -143,10 +143,28 @@ class SeaweedS3:
         self._remove_sockets()
 
     def restart(self) -> None:
-        """Start the server again on the same ports and data after ``kill``."""
+        """Start the server again on the same ports and data after ``kill``, and wait until it serves its buckets."""
         if self._proc is not None:
             raise RuntimeError("the server is running; kill() it first")
         self._launch()
+        self._wait_serving()
+
+    def _wait_serving(self) -> None:
+        # After a crash /healthz answers before the filer has reloaded its data: on a loaded machine,
+        # reads then fail with InternalError for a while. Wait until every bucket can be listed.
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = self.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5)
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            try:
+                for bucket in client.list_buckets().get("Buckets", []):
+                    client.list_objects_v2(Bucket=bucket["Name"], MaxKeys=1)
+                return
+            except (BotoCoreError, ClientError) as exc:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"weed mini did not serve its buckets after a restart: {exc}") from exc
+                time.sleep(0.2)
 
     def _wait_ready(self) -> None:
         assert self._proc is not None and self.workdir is not None
