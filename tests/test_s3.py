@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import shutil
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -321,6 +323,23 @@ def test_server_refuses_a_wrong_checksum(s3_env: SeaweedS3, tmp_path: Path) -> N
         store.client.upload_part(Bucket=store.bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=body,
                                  ChecksumSHA256=wrong)
     store.client.abort_multipart_upload(Bucket=store.bucket, Key=key, UploadId=upload["UploadId"])
+
+
+def test_fresh_buckets_do_not_exhaust_the_servers_volumes(s3_server: SeaweedS3) -> None:
+    """Each bucket takes a volume of its own; the test server must have room for a whole session's buckets."""
+    def free_volumes() -> int:
+        url = f"http://127.0.0.1:{s3_server.ports['master']}/dir/status"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(json.load(response)["Topology"]["Free"])
+
+    before = free_volumes()
+    s3_server.client().put_object(Bucket=s3_server.make_bucket(), Key="k", Body=b"one")
+    deadline = time.monotonic() + 10  # the master learns of the new volume at the volume server's next heartbeat
+    while free_volumes() >= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert free_volumes() < before, "a write into a fresh bucket should take a volume of its own"
+    # Left to its default (free disk / volume size) weed allowed 43 here, fewer than a full run makes.
+    assert free_volumes() >= 1000
 
 
 def test_create_only_and_compare_and_swap(s3_env: SeaweedS3, tmp_path: Path) -> None:

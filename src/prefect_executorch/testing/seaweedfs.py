@@ -67,6 +67,9 @@ def _free_admin_port(exclude: set[int]) -> int:
         return port
 
 
+_MAX_VOLUMES = 10_000
+
+
 class SeaweedS3:
     """One ``weed mini`` process with an S3 endpoint that requires ``ACCESS_KEY``/``SECRET_KEY``."""
 
@@ -102,6 +105,10 @@ class SeaweedS3:
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false",
             "-admin.ui=false", f"-admin.port={p['admin']}", f"-admin.port.grpc={p['admin.grpc']}",
             "-master.telemetry=false", "-s3.autoCreateBucket=false", f"-s3.config={tmp / 's3.json'}",
+            # Every bucket is a collection with volumes of its own; left to itself weed allows free disk /
+            # volume size of them, which a long test session of fresh buckets exhausts ("no free volumes
+            # left", InternalError on every write). Volumes are sparse files, so a fixed count costs nothing.
+            f"-volume.max={_MAX_VOLUMES}",
         ]
 
     def start(self) -> SeaweedS3:
