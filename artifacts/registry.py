@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -47,12 +47,21 @@ from prefect_executorch.exporter import ExportedProgramDir
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.lineage import Lineage
 from prefect_executorch.report import ValidationReport
-from prefect_executorch.settings import SigningSettings, get_settings
 from prefect_executorch.spec import BuildSpec, check_name
 from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain
+if TYPE_CHECKING:
+    from prefect_executorch.settings import SigningSettings
 
 logger = logging.getLogger(__name__)
+
+
+def _signing(given: SigningSettings | None) -> SigningSettings:
+    # Imported on use: the settings import Prefect (~1 s), which the CLI's check for a published
+    # version must not wait for (it decides whether the child processes start).
+    from prefect_executorch.settings import get_settings
+
+    return given or get_settings().signing
 
 
 class BundleRef(BaseModel):
@@ -172,7 +181,7 @@ def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest, *,
     key = manifest.key
     manifest_key = key.key(MANIFEST_FILE)
     body = manifest_bytes(manifest)
-    private_key = (signing or get_settings().signing).checked_signing_key()
+    private_key = _signing(signing).checked_signing_key()
     signature = _sign(bundle_dir, manifest, body, private_key) if private_key else None
     if store.exists(manifest_key):
         raise _published_already(store, key)
@@ -267,7 +276,7 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
     ``signing`` (default: from the environment) the bundle's ``model.sig`` must verify every file.
     ``check`` runs on the complete download before it is moved into place; if it raises, nothing is.
     """
-    public_key = (signing or get_settings().signing).checked_public_key()
+    public_key = _signing(signing).checked_public_key()
     manifest, raw = read_manifest(store, key)
     if manifest_sha256 is not None and sha256_bytes(raw) != manifest_sha256:
         raise IntegrityError(
@@ -349,7 +358,7 @@ def verify_bundle_dir(bundle_dir: Path) -> Manifest:
     except FileNotFoundError:
         raise BundleNotFound(f"{bundle_dir} has no {MANIFEST_FILE}; pull a bundle or build one first") from None
     manifest = parse_manifest(data, str(path))
-    public_key = get_settings().signing.checked_public_key()
+    public_key = _signing(None).checked_public_key()
     if public_key is not None:
         verify_directory(bundle_dir, public_key, str(bundle_dir))
     verify_pairing(manifest)

@@ -32,6 +32,7 @@ import prefect_executorch.isolation as isolation
 def no_child(*args, **kwargs):
     raise RuntimeError("tripwire: this run may not start a child (run_isolated)")
 isolation.run_isolated = no_child
+isolation.warm_up = no_child  # the forkserver's start (its spawn raises no audit event)
 sys.argv = ["prefect-executorch", *sys.argv[1:]]
 runpy.run_module("prefect_executorch.cli", run_name="__main__")
 """]

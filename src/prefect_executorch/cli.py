@@ -73,16 +73,27 @@ def _debug() -> bool:
 
 def _store(option: str | None) -> str:
     """``--store``, else the ``store`` setting (``$PREFECT_EXECUTORCH_STORE``, a profile…), else ``./bundles``."""
+    if option:
+        return option  # without reading the settings, which imports Prefect (see _start_children)
     from prefect_executorch.settings import get_settings
 
-    return option or get_settings().store or DEFAULT_STORE
+    return get_settings().store or DEFAULT_STORE
 
 
-def _start_children() -> None:
-    """Start the child-process server now (its imports overlap with ours), its own output kept off the terminal."""
+def _start_children(ctx: typer.Context) -> None:
+    """Start the child-process server now (its imports overlap with ours), its own output kept off the terminal.
+
+    Without ``--debug`` it is quiet; the debug *setting* is not read here, as reading settings imports
+    Prefect (~1 s), which the children's start would then wait for.
+    """
     from prefect_executorch.isolation import warm_up
 
-    warm_up(quiet=not _debug())
+    warm_up(quiet=not _debug_flag(ctx))
+
+
+def _debug_flag(ctx: typer.Context) -> bool:
+    """``--debug`` as given: what start-up decides on before the settings (and Prefect with them) are imported."""
+    return bool(ctx.find_root().params.get("debug", False))
 
 
 def handle_errors(function: F) -> F:
@@ -109,19 +120,19 @@ def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="
     if debug:
         # Written, not only kept: the error handler, the flows and child processes read the debug setting.
         os.environ[DEBUG_ENV] = "1"
-    from prefect_executorch.embedded import embedded_settings
-
-    ctx.with_resource(embedded_settings())
 
 
 @app.command()
 @handle_errors
 def build(
+    ctx: typer.Context,
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
     store: str | None = typer.Option(None, "--store", help="Directory or s3://bucket/prefix."),
     output: Path | None = typer.Option(None, "--output", help="Keep export directories here (default: temporary)."),
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
+    from prefect_executorch.artifacts.registry import list_bundles
+    from prefect_executorch.artifacts.store import open_store
     from prefect_executorch.probecache import cached_toolchain, probe_cached
     from prefect_executorch.progress import listening, stage
     from prefect_executorch.spec import load_spec
@@ -129,41 +140,38 @@ def build(
     store = _store(store)
     spec = load_spec(spec_path)
     spec.check_model_reference()
-    view = LiveView()
+    view = LiveView(debug=_debug_flag(ctx))
     with view, listening(view.on_stage):
-        # An unchanged rebuild with a cached probe answers without the children's and Prefect's start.
+        # An unchanged rebuild with a cached probe answers without the children's and Prefect's start;
+        # anything else starts both at once, so that their imports overlap ours and each other.
         with stage("probe"):
             toolchain = cached_toolchain()
-        prefect_start = None
+        fresh = not list_bundles(open_store(store), spec.name, spec.version)  # so it cannot be a cache hit
+        if toolchain is None or fresh:
+            _start_children(ctx)
+        prefect_start = _start_prefect() if fresh else None
         if toolchain is None:
-            _start_children()
-            prefect_start = _start_prefect_early(spec, store)
             with stage("probe"):
                 toolchain = probe_cached()
         ref = _published_build(spec, store, toolchain)
         if ref is None:
+            from prefect_executorch.embedded import embedded_settings
             from prefect_executorch.flows.build import build_bundle
 
             if prefect_start is None:
-                _start_children()
-                prefect_start = _start_prefect_early(spec, store)
-            if prefect_start is not None:
-                prefect_start.join()
-            ref = build_bundle(spec, store=store, output=str(output) if output else None)
+                _start_children(ctx)
+                prefect_start = _start_prefect()
+            prefect_start.join()
+            with embedded_settings():
+                ref = build_bundle(spec, store=store, output=str(output) if output else None)
     print_build_summary(ref, view.seconds)
 
 
-def _start_prefect_early(spec: Any, store: str) -> threading.Thread | None:
-    """Start Prefect's API in the background when no bundle of this version exists (it cannot be a cache hit).
+def _start_prefect() -> threading.Thread:
+    """Start Prefect's API in the background (the ephemeral server's imports and database, unless one is configured).
 
-    Its start (the ephemeral server's imports and database, the largest part of a CLI build's overhead)
-    then overlaps the probe; a version with bundles waits for the cache check first, so a hit never pays it.
+    The largest part of a CLI build's overhead then overlaps the probe and the children's imports.
     """
-    from prefect_executorch.artifacts.registry import list_bundles
-    from prefect_executorch.artifacts.store import open_store
-
-    if list_bundles(open_store(store), spec.name, spec.version):
-        return None
 
     def start() -> None:
         from prefect import get_client
@@ -181,12 +189,12 @@ def _start_prefect_early(spec: Any, store: str) -> threading.Thread | None:
 class LiveView:
     """probe -> export -> validate -> publish with elapsed times, live on a terminal; the times are kept for the summary."""
 
-    def __init__(self) -> None:
+    def __init__(self, debug: bool) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         self.seconds: dict[str, float] = {}
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                  console=err_console, disable=not err_console.is_terminal or _debug())
+                                  console=err_console, disable=not err_console.is_terminal or debug)
         self._rows: dict[str, Any] = {}
 
     def __enter__(self) -> LiveView:
@@ -299,6 +307,7 @@ def _revalidation_notes(spec: Any, manifest: Any) -> None:
 @app.command()
 @handle_errors
 def validate(
+    ctx: typer.Context,
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
     bundle_dir: Path | None = typer.Argument(None, metavar="BUNDLE_DIR", help="Directory with model.pte (a pulled bundle or an export)."),
     bundle: str | None = typer.Option(
@@ -321,7 +330,7 @@ def validate(
         raise SpecError("validate: give either BUNDLE_DIR or --bundle <.../manifest.json>, not both or neither")
     spec = load_spec(spec_path)
     spec.check_model_reference()
-    _start_children()
+    _start_children(ctx)
     root = output or Path(tempfile.mkdtemp(prefix="prefect-executorch-validate-"))
     try:
         if bundle is not None:
@@ -393,11 +402,11 @@ def verify(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with
 
 @app.command()
 @handle_errors
-def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def probe(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show what this machine can build: versions, CUDA channel, GPUs, OS and arch."""
     from prefect_executorch.toolchain import probe_isolated
 
-    _start_children()
+    _start_children(ctx)
     toolchain = probe_isolated()  # in a child: torch's import-time notes stay in its log
     if as_json:
         sys.stdout.write(toolchain.model_dump_json(indent=2) + "\n")

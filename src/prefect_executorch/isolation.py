@@ -100,10 +100,11 @@ def warm_up(quiet: bool = False) -> None:
     ``quiet`` sends the forkserver's own stderr to /dev/null: its imports print C-level notes
     (cpuinfo, optional kernels) that a terminal user cannot act on; each child logs to its own file anyway.
     """
-    if _start_method() != "forkserver":
-        return
     check_main_guard()
-    _context()
+    # Started before the start method is read: reading it imports the settings and Prefect (~1 s),
+    # which would delay the server's own imports, the longest wait of a build. With child_start=spawn
+    # (an escape hatch) the server is then never used and exits with this process.
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     if not quiet:
         multiprocessing.forkserver.ensure_running()
         return
