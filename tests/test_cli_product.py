@@ -138,3 +138,21 @@ def test_gc_apply_leaves_no_empty_folders(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "removed lost/1/portable/cpu-portable-x86_64/model.pte" in result.stdout
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["kept"]  # no empty lost/1/portable/...
+
+
+def test_the_children_start_before_prefect_is_imported(tmp_path: Path) -> None:
+    """The child server's imports (torch, ExecuTorch) are a build's longest wait: they must not queue behind Prefect's."""
+    demo = Path(__file__).resolve().parents[1] / "examples" / "convnet" / "spec.yaml"
+    script = """
+import runpy, sys
+import prefect_executorch.isolation as isolation
+def warm_up(quiet=False):
+    print("prefect imported when the children started:", "prefect" in sys.modules)
+    raise SystemExit(0)
+isolation.warm_up = warm_up
+sys.argv = ["prefect-executorch", *sys.argv[1:]]
+runpy.run_module("prefect_executorch.cli", run_name="__main__")
+"""
+    done = subprocess.run([sys.executable, "-c", script, "build", str(demo), "--store", str(tmp_path / "store")],
+                          capture_output=True, text=True, timeout=120)
+    assert "prefect imported when the children started: False" in done.stdout, done.stdout + done.stderr
