@@ -50,6 +50,7 @@ from prefect_executorch.report import ValidationReport
 from prefect_executorch.spec import BuildSpec, check_name
 from prefect_executorch.targets import get_target
 from prefect_executorch.toolchain import Toolchain
+
 if TYPE_CHECKING:
     from prefect_executorch.settings import SigningSettings
 
@@ -59,9 +60,9 @@ logger = logging.getLogger(__name__)
 def _signing(given: SigningSettings | None) -> SigningSettings:
     # Imported on use: the settings import Prefect (~1 s), which the CLI's check for a published
     # version must not wait for (it decides whether the child processes start).
-    from prefect_executorch.settings import get_settings
+    from prefect_executorch.settings import SigningSettings, read_settings
 
-    return given or get_settings().signing
+    return given or read_settings(SigningSettings)
 
 
 class BundleRef(BaseModel):

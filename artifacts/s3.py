@@ -60,7 +60,7 @@ from prefect_executorch.errors import (
     SpecError,
     StoreError,
 )
-from prefect_executorch.settings import MiB, S3Settings, get_settings
+from prefect_executorch.settings import MiB, S3Settings, read_settings
 
 if TYPE_CHECKING:
     from botocore.config import _S3Dict
@@ -151,7 +151,7 @@ class S3Store(ObjectStore):
         self.bucket = check_bucket(bucket)
         self.prefix = check_key(prefix.strip("/")) if prefix.strip("/") else ""
         self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
-        self.settings = settings or get_settings().s3
+        self.settings = settings or read_settings(S3Settings)
         self._progress = progress
         self._session = session or boto3.session.Session()
         s3_options: _S3Dict = {
@@ -195,7 +195,7 @@ class S3Store(ObjectStore):
             raise SpecError(f"store URL: {url!r} is not s3://bucket[/prefix]")
         if parsed.query or parsed.fragment:
             raise SpecError(f"store URL: {url!r} has a query or fragment; use s3://bucket[/prefix] and --endpoint-url")
-        settings = kwargs.pop("settings", None) or get_settings().s3
+        settings = kwargs.pop("settings", None) or read_settings(S3Settings)
         if endpoint_url:
             settings = settings.model_copy(update={"endpoint_url": endpoint_url})
         return cls(parsed.netloc, parsed.path, settings=settings, **kwargs)

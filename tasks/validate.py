@@ -27,7 +27,7 @@ def _validate(
     publish_validation_artifacts(title, report, spec.card)
     get_run_logger().info("validation of %s %s: %s", title, "passed" if report.passed else "FAILED",
                           report.describe_worst())
-    triage = None if report.passed else triage_failure(spec, report, bundle_dir, data_files, scratch_dir=scratch_dir)
+    triage = triage_failure(spec, report, bundle_dir, data_files, scratch_dir=scratch_dir)  # None for a pass
     if triage is not None:
         publish_triage_artifact(title, triage)
     require_passed(report, triage)

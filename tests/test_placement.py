@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +92,27 @@ def test_a_worker_started_without_the_cli_probes_this_machine_in_a_child(monkeyp
     found = worker_toolchain()
     here = probe()
     assert (found.arch, found.torch, found.cuda_channel, found.gpus) == (here.arch, here.torch, here.cuda_channel, here.gpus)
+
+
+def test_the_workers_probe_leaves_no_forkserver_behind() -> None:
+    """A worker lives for days: one probe must not leave a forkserver holding torch's imports beside it."""
+    code = """
+import os
+from prefect_executorch.worker import worker_toolchain
+worker_toolchain()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        status = open(f"/proc/{pid}/status").read()
+        command = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\\0", b" ").decode()
+    except OSError:
+        continue
+    if f"\\nPPid:\\t{os.getpid()}\\n" in status:
+        print("child:", command)
+"""
+    env = {k: v for k, v in os.environ.items() if k != TOOLCHAIN_ENV}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "forkserver" not in done.stdout, done.stdout
 
 
 def test_contradicting_sources_are_refused_before_the_toolchain_is_asked() -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from prefect_executorch import probecache
 from prefect_executorch.errors import SpecError
 from prefect_executorch.probecache import cached_toolchain, probe_cached, probe_key
+from prefect_executorch.toolchain import Toolchain
 
 from helpers import spec_data
 
@@ -65,6 +67,22 @@ def test_a_cached_answer_is_returned_without_a_probe(cache_home: Path, monkeypat
     assert cached_toolchain() is None
     with pytest.raises(SpecError, match="none-allowed"):
         probe_cached()
+
+
+def test_a_write_retires_month_old_entries_and_a_failed_one_leaves_no_file(cache_home: Path) -> None:
+    toolchain = Toolchain.model_validate_json((Path(__file__).parent / "fixtures" / "probe_h200.json").read_text())
+    folder = cache_home / probecache.CACHE_SUBDIR
+    folder.mkdir(parents=True)
+    for name in ("old.json", "recent.json"):
+        (folder / name).write_text("{}")
+    month_ago = time.time() - probecache.RETIRE_AFTER_S - 60
+    os.utime(folder / "old.json", (month_ago, month_ago))
+    probecache.store_toolchain(toolchain, "new")
+    assert sorted(p.name for p in folder.iterdir()) == ["new.json", "recent.json"]
+    assert Toolchain.model_validate_json((folder / "new.json").read_text()) == toolchain
+    (folder / "taken.json").mkdir()  # the entry's name is taken: the rename fails
+    probecache.store_toolchain(toolchain, "taken")
+    assert sorted(p.name for p in folder.iterdir()) == ["new.json", "recent.json", "taken.json"]
 
 
 def test_distributions_the_driver_and_cuda_devices_change_the_key(tmp_path: Path,

@@ -147,6 +147,14 @@ def test_an_invalid_value_is_one_error_naming_its_variable(monkeypatch: pytest.M
     assert isinstance(info.value, SpecError) and info.value.exit_code == 2
 
 
+def test_a_value_that_does_not_parse_is_an_invalid_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A section's own variable must hold JSON; pydantic-settings fails before any field sees it."""
+    monkeypatch.setenv("PREFECT_EXECUTORCH_S3", "part_size=1")
+    with pytest.raises(InvalidSetting, match='"s3"') as info:
+        get_settings()
+    assert "fix or unset it" in str(info.value) and info.value.exit_code == 2
+
+
 def test_a_library_call_reports_an_invalid_setting(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     program = tmp_path / "model.pte"
     program.write_bytes(b"\0" * 2**20)

@@ -73,6 +73,13 @@ def test_missing_factory_is_found_without_running_code() -> None:
         spec.check_model_reference()
 
 
+def test_a_model_file_that_is_not_python_is_a_spec_error(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text("def build(:\n    pass\n")
+    spec = parse_spec(spec_data(model=f"{tmp_path / 'm.py'}:build"))
+    with pytest.raises(SpecError, match=r"m\.py:1 cannot be read as Python"):
+        spec.check_model_reference()
+
+
 def test_missing_model_file() -> None:
     spec = parse_spec(spec_data(model="/nonexistent/model.py:build"))
     with pytest.raises(SpecError, match="does not exist"):

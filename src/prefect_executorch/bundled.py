@@ -82,9 +82,9 @@ class VerifyBundledRequest(BaseModel):
 def _bundled_settings() -> BundledSettings:
     # Imported here, not at the top: the validating child imports this module, and Prefect's import
     # (which the settings need) would cost every spawned child seconds.
-    from prefect_executorch.settings import get_settings
+    from prefect_executorch.settings import read_settings
 
-    return get_settings().bundled
+    return read_settings(BundledSettings)
 
 
 def skip_reason(program: Path, spec: BuildSpec, settings: BundledSettings | None = None) -> str | None:

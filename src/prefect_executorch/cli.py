@@ -31,6 +31,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 STORE_ENV = "PREFECT_EXECUTORCH_STORE"
 DEFAULT_STORE = "./bundles"
 DEBUG_ENV = "PREFECT_EXECUTORCH_DEBUG"
+_STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DEFAULT_STORE})."
 
 
 def _quiet_defaults(debug: bool) -> None:
@@ -127,7 +128,7 @@ def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="
 def build(
     ctx: typer.Context,
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
-    store: str | None = typer.Option(None, "--store", help="Directory or s3://bucket/prefix."),
+    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     output: Path | None = typer.Option(None, "--output", help="Keep export directories here (default: temporary)."),
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
@@ -146,14 +147,18 @@ def build(
         # anything else starts both at once, so that their imports overlap ours and each other.
         with stage("probe"):
             toolchain = cached_toolchain()
-        fresh = not list_bundles(open_store(store), spec.name, spec.version)  # so it cannot be a cache hit
-        if toolchain is None or fresh:
+        if toolchain is None:
+            _start_children(ctx)  # the probe runs in one; before an S3 store's settings import Prefect
+        opened = open_store(store)
+        fresh = not list_bundles(opened, spec.name, spec.version)  # so it cannot be a cache hit
+        prefect_start = None
+        if fresh:
             _start_children(ctx)
-        prefect_start = _start_prefect() if fresh else None
+            prefect_start = _start_prefect()
         if toolchain is None:
             with stage("probe"):
                 toolchain = probe_cached()
-        ref = _published_build(spec, store, toolchain)
+        ref = _published_build(spec, opened, toolchain)
         if ref is None:
             from prefect_executorch.embedded import embedded_settings
             from prefect_executorch.flows.build import build_bundle
@@ -178,8 +183,8 @@ def _start_prefect() -> threading.Thread:
 
         try:
             get_client(sync_client=True)  # starts the ephemeral API once, unless a server is configured
-        except Exception:  # noqa: BLE001 - the flow starts it again and reports what fails
-            return
+        except Exception as exc:  # noqa: BLE001 - the flow starts it again and reports what fails
+            logging.getLogger(__name__).debug("early start of Prefect's API failed: %s", exc)
 
     thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
     thread.start()
@@ -217,16 +222,15 @@ class LiveView:
         self._progress.update(self._rows[name], completed=1, description=f"{name} {mark}")
 
 
-def _published_build(spec: Any, store: str, toolchain: Any) -> Any:
+def _published_build(spec: Any, store: Any, toolchain: Any) -> Any:
     """An unchanged rebuild's published bundle, found without starting Prefect; a changed one is refused here."""
     from prefect_executorch.artifacts.rebuild import check_rebuild
-    from prefect_executorch.artifacts.store import open_store
     from prefect_executorch.targets import get_target
 
     target = get_target(spec.target_name)
     for warning in target.check(spec, toolchain):
         err_console.print(f"[yellow]warning:[/] {escape(warning)}")
-    return check_rebuild(spec, toolchain, target.compat(spec, toolchain), open_store(store)).ref
+    return check_rebuild(spec, toolchain, target.compat(spec, toolchain), store).ref
 
 
 def count_names(names: list[str]) -> str:
@@ -351,8 +355,7 @@ def validate(
         if report_path is not None:
             report_path.write_text(report.model_dump_json(indent=2))
         print_report(report)
-        require_passed(report, None if report.passed else triage_failure(spec, report, bundle_dir, data_files,
-                                                                          scratch_dir=root))
+        require_passed(report, triage_failure(spec, report, bundle_dir, data_files, scratch_dir=root))
     finally:
         if output is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -419,7 +422,6 @@ def probe(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
 
 # --- registry: pull, promote, ls, gc ------------------------------------------------------------
 
-_STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DEFAULT_STORE})."
 _ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
 
 

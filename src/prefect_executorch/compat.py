@@ -85,7 +85,7 @@ def cpu_compat(backend: str, arch: str, quantization: str | None = None) -> str:
 def gpu_compat(cuda_channel: str | None, sm: str | None, arch: str, tensorrt: str | None, *, sm_or_newer: bool = False,
                tensorrt_or_newer: bool = False, quantization: str | None = None) -> str:
     """Build a GPU compat key from probe values (``sm90``, ``11.1.0.3``); ``quantization`` (``int8``, ``fp8``) marks a quantized build."""
-    number = _sm_number(sm)
+    number = probed_sm(sm)
     parsed = parse_version(tensorrt)
     release = parsed.release if parsed else ()
     if not cuda_channel or number is None or not 10 <= number <= 999 or len(release) < 2:
@@ -110,7 +110,7 @@ def sm_number(sm: str) -> int:
     return parsed[0]
 
 
-def _sm_number(sm: str | None) -> int | None:
+def probed_sm(sm: str | None) -> int | None:
     """A probed arch (``sm90``; a probe never says ``plus``) as a number, None when absent or unreadable."""
     parsed = parse_sm(sm)
     return parsed[0] if parsed and not parsed[1] else None
@@ -130,7 +130,7 @@ def fit(key: str, toolchain: Toolchain) -> Fit:
     if toolchain.cuda_channel != compat.cuda_channel:
         found = toolchain.cuda_channel or "no CUDA"
         return Fit(ok=False, reason=f"needs CUDA channel {compat.cuda_channel}, this machine has {found}")
-    machine_sm = _sm_number(toolchain.sm)
+    machine_sm = probed_sm(toolchain.sm)
     assert compat.sm is not None
     if machine_sm is None:
         return Fit(ok=False, reason="needs an NVIDIA GPU, this machine has none")

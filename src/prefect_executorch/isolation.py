@@ -57,16 +57,19 @@ PRELOAD = [
 START_METHOD_ENV = "PREFECT_EXECUTORCH_CHILD_START"
 
 
-def _start_method() -> str:
+StartMethod = Literal["forkserver", "spawn"]
+
+
+def _start_method() -> StartMethod:
     """``forkserver`` or ``spawn``: ``IsolationSettings.child_start``, read now."""
     # Imported here: the children import this module, and the settings import Prefect.
-    from prefect_executorch.settings import get_settings
+    from prefect_executorch.settings import IsolationSettings, read_settings
 
-    return get_settings().isolation.child_start
+    return read_settings(IsolationSettings).child_start
 
 
-def _context() -> Any:
-    method = _start_method()
+def _context(method: StartMethod | None = None) -> Any:
+    method = method or _start_method()
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         context.set_forkserver_preload(PRELOAD)
@@ -165,8 +168,12 @@ def run_isolated(
     scratch_dir: Path,
     memory_limit: MemoryLimit | None = None,
     what: str | None = None,
+    start: StartMethod | None = None,
 ) -> ResultT:
-    """Run ``command`` on ``request`` in a child process and return its typed result."""
+    """Run ``command`` on ``request`` in a child process and return its typed result.
+
+    ``start`` overrides the ``child_start`` setting for this child (a one-off child in a long-lived process).
+    """
     address_space = memory_limit.mib if memory_limit and memory_limit.kind == "address_space" else None
     what = what or command
     check_main_guard()
@@ -175,7 +182,7 @@ def run_isolated(
     try:
         request_path, response_path, log_path = ipc / "request.json", ipc / "response.json", ipc / "stderr.log"
         request_path.write_text(request.model_dump_json())
-        proc = _context().Process(
+        proc = _context(start).Process(
             target=_child_main,
             args=(command, str(request_path), str(response_path), str(log_path), address_space),
             name=f"prefect-executorch-{command}",

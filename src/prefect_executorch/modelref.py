@@ -86,7 +86,12 @@ def check_factory(reference: str) -> None:
     path = source_file(reference)
     if not ref.is_file:
         return  # module_source found the module without running the package's code
-    tree = ast.parse(path.read_text(), filename=str(path))
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except (SyntaxError, UnicodeDecodeError) as exc:
+        where = f"{path}:{exc.lineno}" if isinstance(exc, SyntaxError) else str(path)
+        reason = exc.msg if isinstance(exc, SyntaxError) else "it is not UTF-8 text"
+        raise SpecError(f"model: {where} cannot be read as Python ({reason}); fix the file") from None
     names = {
         node.name
         for node in tree.body

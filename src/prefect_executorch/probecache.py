@@ -12,6 +12,7 @@ stale; entries are written atomically, and one that cannot be read counts as a m
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
 import importlib.util
@@ -20,6 +21,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from prefect_executorch.toolchain import Toolchain, probe_isolated
 
 #: Where entries live, under the user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``).
 CACHE_SUBDIR = Path("prefect-executorch") / "toolchain-probe"
+#: Entries neither read nor written for this long are removed when another is written.
+RETIRE_AFTER_S = 30 * 86400
 
 #: Environment variables that change what torch, CUDA or the nvcc lookup see.
 _ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "CUDA_HOME", "CUDA_PATH")
@@ -135,16 +139,28 @@ def cached_toolchain(key: str | None = None) -> Toolchain | None:
 
 
 def store_toolchain(toolchain: Toolchain, key: str) -> None:
-    """Keep ``toolchain`` under ``key``; a cache that cannot be written only costs the next probe."""
+    """Keep ``toolchain`` under ``key``, and drop entries unused for a month (a reboot or an install retires
+    a key); a cache that cannot be written only costs the next probe."""
     folder = cache_dir()
+    written: Path | None = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # Written whole, then renamed: a reader sees the old entry, none, or the new one.
         with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as handle:
+            written = Path(handle.name)
             handle.write(toolchain.model_dump_json())
-        os.replace(handle.name, folder / f"{key}.json")
+        os.replace(written, folder / f"{key}.json")
     except OSError:
+        if written is not None:
+            with contextlib.suppress(OSError):
+                written.unlink(missing_ok=True)
         return
+    retired = time.time() - RETIRE_AFTER_S
+    for entry in folder.glob("*.json"):
+        with contextlib.suppress(OSError):
+            stat = entry.stat()
+            if max(stat.st_atime, stat.st_mtime) < retired:
+                entry.unlink()
 
 
 def probe_cached(timeout_s: float = 300) -> Toolchain:

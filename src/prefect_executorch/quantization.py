@@ -180,8 +180,14 @@ def _torchao_config(quantization: QuantizationSpec) -> Any:
     return IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
 
 
+def is_tensorrt_scheme(spec: BuildSpec) -> bool:
+    """Whether the spec asks for a ModelOpt (TensorRT) scheme."""
+    return spec.quantization is not None and spec.quantization.scheme in TENSORRT_SCHEMES
+
+
 def quantize_model(model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
-    """A copy of ``model`` with its linear layers quantized by torchao (the int8-static scheme quantizes per method)."""
+    """A copy of ``model`` with its linear layers quantized by torchao; ``model`` itself for the calibrated
+    schemes, which quantize per method (int8-static) or in the TensorRT target (int8, fp8)."""
     quantization = spec.quantization
     if quantization is None or quantization.scheme in CALIBRATED_SCHEMES:
         return model
@@ -271,7 +277,7 @@ def quantized_methods(
     from prefect_executorch.modelref import method_module
 
     source: str | None
-    if spec.quantization is not None and spec.quantization.scheme in TENSORRT_SCHEMES:
+    if is_tensorrt_scheme(spec):
         from prefect_executorch.targets.tensorrt_quant import quantize_with_modelopt
 
         quantized, source, samples = quantize_with_modelopt(model, spec)

@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar
 
 from prefect.settings.base import PrefectBaseSettings, PrefectSettingsConfigDict, build_settings_config
 from pydantic import Field, ValidationError
+from pydantic_settings import SettingsError
 
 from prefect_executorch.errors import InvalidSetting, SpecError
 
@@ -185,6 +186,9 @@ def env_name(section: type[PrefectBaseSettings], field: str) -> str:
     return f"{section.model_config.get('env_prefix', '')}{field}".upper()
 
 
+_FIX = "fix or unset it (docs/settings.md lists every setting)"
+
+
 def read_settings(section: type[S]) -> S:
     """``section`` read now; an invalid value is one ``InvalidSetting`` naming its variable."""
     try:
@@ -196,7 +200,11 @@ def read_settings(section: type[S]) -> S:
         problems = "; ".join(
             f"{env_name(failed, str(error['loc'][0]))}={error['input']!r}: {error['msg']}" if error["loc"]
             else error["msg"] for error in exc.errors(include_url=False))
-        raise InvalidSetting(f"{problems}; fix or unset it (docs/settings.md lists every setting)") from None
+        raise InvalidSetting(f"{problems}; {_FIX}") from None
+    except SettingsError as exc:
+        # A value no field sees: a section's variable that is not JSON, a prefect.toml that does not parse.
+        cause = f" ({exc.__cause__})" if exc.__cause__ else ""
+        raise InvalidSetting(f"{exc}{cause}; {_FIX}") from None
 
 
 def get_settings() -> ExecutorchSettings:

@@ -345,7 +345,7 @@ class ValidationSpec(StrictModel):
 
 
 class CalibrationSpec(StrictModel):
-    """Where int8-static takes its activation ranges from: the validation samples, or a dataset."""
+    """Where a calibrated scheme (int8-static; int8 and fp8 on TensorRT) takes its activation ranges from."""
 
     dataset: str | None = Field(
         None, description="'package.module:function' or 'path/file.py:function' returning input tuples; "
@@ -357,7 +357,7 @@ class CalibrationSpec(StrictModel):
 
 
 class QuantizationSpec(StrictModel):
-    """Quantize the model before lowering: torchao for the dynamic schemes, PT2E for int8-static."""
+    """Quantize the model before lowering: torchao (dynamic schemes), PT2E (int8-static), ModelOpt (int8, fp8 on TensorRT)."""
 
     scheme: str = Field(description="int8-dynamic | int8da4w | int8-weight-only | int8-static (CPU); int8 | fp8 (tensorrt).")
     group_size: int | None = Field(None, ge=2, description="Weights per scale of int8da4w (default 32).")

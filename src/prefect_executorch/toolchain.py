@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from prefect_executorch.hostprobe import channel_of, cuda_channel, gather, torch_tensorrt_api_facts
+
+if TYPE_CHECKING:
+    from prefect_executorch.isolation import StartMethod
 
 
 def channel_cuda_major(channel: str | None) -> int | None:
@@ -117,11 +120,12 @@ def probe_in_child(request: dict[str, Any]) -> Toolchain:
     return probe()
 
 
-def probe_isolated(timeout_s: float = 300) -> Toolchain:
+def probe_isolated(timeout_s: float = 300, start: StartMethod | None = None) -> Toolchain:
     """``probe()`` in a child forked from the export server, which has imported torch already.
 
     A flow's own process then never imports torch: it neither competes with that server's imports
-    on a small machine nor pays torch's teardown at exit (about 1.5 s together on 2 cores).
+    on a small machine nor pays torch's teardown at exit (about 1.5 s together on 2 cores). ``start``
+    overrides how the child starts (``run_isolated``).
     """
     import tempfile
     from pathlib import Path
@@ -129,7 +133,7 @@ def probe_isolated(timeout_s: float = 300) -> Toolchain:
     from prefect_executorch.isolation import run_isolated
 
     return run_isolated("probe", ProbeRequest(), Toolchain, timeout_s=timeout_s,
-                        scratch_dir=Path(tempfile.gettempdir()), what="toolchain probe")
+                        scratch_dir=Path(tempfile.gettempdir()), what="toolchain probe", start=start)
 
 
 if __name__ == "__main__":  # on hosts with pydantic; `python -m prefect_executorch.hostprobe` needs only torch

@@ -98,7 +98,6 @@ class TriageRequest(BaseModel):
 
     spec: BuildSpec
     bundle_dir: str
-    program: str = PROGRAM_FILE
     data_files: list[str] = Field(default_factory=list)
     method: str
     shape_label: str
@@ -132,23 +131,17 @@ def run_with_etdump(pte: Path, data: Path | None, method: str, inputs: tuple[Any
 
 
 def _reference_etrecord(spec: BuildSpec, method: str, inputs: tuple[Any, ...], path: Path) -> ExportedProgram:
-    """Export the eager method as the target does, save its ETRecord with ``inputs``; return the ATen program."""
-    from executorch.exir import to_edge, to_edge_transform_and_lower
-
+    """Export and lower the eager method as the target does, save its ETRecord with ``inputs``; return the ATen program."""
     from prefect_executorch.inputs import dynamic_shapes, example_inputs
     from prefect_executorch.modelref import load_model, method_module
+    from prefect_executorch.targets.cpu import CpuTarget
 
+    target = get_target(spec.target_name)
+    assert isinstance(target, CpuTarget), "triage covers the CPU targets (TRIAGE_TARGETS) only"
     settings = spec.methods[method]
     module = method_module(load_model(spec), method, settings.attribute)
-    program = get_target(spec.target_name).export_method(
-        module, example_inputs(settings, seed=spec.validation.seed), dynamic_shapes(settings), spec)
-    if spec.target_name == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()], generate_etrecord=True)
-    else:
-        edge = to_edge(program, generate_etrecord=True)
-    etrecord = edge.to_executorch().get_etrecord()
+    program = target.export_method(module, example_inputs(settings, seed=spec.validation.seed), dynamic_shapes(settings), spec)
+    etrecord = target.to_executorch(target.edge_program(program, generate_etrecord=True), spec).get_etrecord()
     etrecord.update_representative_inputs(list(inputs))
     etrecord.save(str(path))
     return program
@@ -188,7 +181,10 @@ def _flat(value: Any) -> list[torch.Tensor]:
 def _errors(aot: Any, runtime: Any, atol: float, rtol: float) -> tuple[float, bool]:
     """(max |runtime - aot|, whether any element is above atol + rtol * |aot|) over every tensor of an output."""
     worst, departs = 0.0, False
-    for expected, actual in zip(_flat(aot), _flat(runtime), strict=False):
+    expected_leaves, actual_leaves = _flat(aot), _flat(runtime)
+    if len(expected_leaves) != len(actual_leaves):
+        return float("inf"), True
+    for expected, actual in zip(expected_leaves, actual_leaves, strict=True):
         if expected.shape != actual.shape:
             return float("inf"), True
         diff = (actual.double() - expected.double()).abs()
@@ -232,7 +228,7 @@ def triage_in_child(request: dict[str, Any]) -> TriageReport:
     with torch.no_grad():
         inputs = tuple(target.prepare_input(t, spec) for t in _case_inputs(spec, req.method, req.shape_label, req.sample))
         data = bundle / req.data_files[0] if req.data_files else None
-        skipped = run_with_etdump(bundle / req.program, data, req.method, inputs, work)
+        skipped = run_with_etdump(bundle / PROGRAM_FILE, data, req.method, inputs, work)
         if skipped:
             return report.model_copy(update={"skipped": skipped})
         from executorch.devtools import Inspector
@@ -247,7 +243,7 @@ def triage_in_child(request: dict[str, Any]) -> TriageReport:
 def triage_failure(
     spec: BuildSpec, report: ValidationReport, bundle_dir: Path, data_files: list[str], *, scratch_dir: Path
 ) -> TriageReport | None:
-    """Triage the first failed case whose program call ran (None if none did); a triage that fails says why."""
+    """Triage the first failed case whose program call ran (None if none did, as for a pass); a triage that fails says why."""
     case = next((case for case in report.failures() if case.error is None), None)
     if case is None:
         return None

@@ -21,13 +21,13 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, P
 from pydantic import Field
 
 from prefect_executorch.placement import Decision, route
-from prefect_executorch.settings import get_settings
+from prefect_executorch.settings import WorkerSettings, read_settings
 from prefect_executorch.tasks.gpu import GPU_ENV, ensure_gpu_limits
 from prefect_executorch.toolchain import Toolchain, probe_isolated
 
 WORKER_TYPE = "executorch"
-#: WorkerSettings' variables, which the CLI sets for the worker process it starts.
-#: The probe the CLI made before starting the worker, as JSON (saves a second torch import).
+#: WorkerSettings' variables, which the CLI sets for the worker process it starts. This one: the
+#: probe the CLI made before starting the worker, as JSON (saves a second torch import).
 TOOLCHAIN_ENV = "PREFECT_EXECUTORCH_WORKER_TOOLCHAIN"
 #: The GPU index this worker is pinned to; its runs see only that GPU.
 WORKER_GPU_ENV = "PREFECT_EXECUTORCH_WORKER_GPU"
@@ -64,14 +64,10 @@ class ExecutorchVariables(ProcessVariables):
 
 def worker_toolchain() -> Toolchain:
     """The toolchain the CLI passed in the environment, else a fresh probe in a child process."""
-    passed = get_settings().worker.toolchain
-    # The probe's child, not the worker, imports torch and touches the GPU: the worker holds no CUDA context.
-    return Toolchain.model_validate_json(passed) if passed else probe_isolated()
-
-
-def worker_gpu() -> int | None:
-    """The GPU this worker is pinned to, if any."""
-    return get_settings().worker.gpu
+    passed = read_settings(WorkerSettings).toolchain
+    # The probe's child, not the worker, imports torch and touches the GPU: the worker holds no CUDA
+    # context. A spawned child: a forkserver would keep torch's imports resident for the worker's life.
+    return Toolchain.model_validate_json(passed) if passed else probe_isolated(start="spawn")
 
 
 def advertised(toolchain: Toolchain, gpu_index: int | None) -> dict[str, str]:
@@ -112,7 +108,7 @@ class ExecutorchWorker(ProcessWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.toolchain: Toolchain | None = None
-        self.gpu_index = worker_gpu()
+        self.gpu_index = read_settings(WorkerSettings).gpu
 
     async def setup(self) -> None:
         """Probe first, so a worker that cannot probe never polls."""

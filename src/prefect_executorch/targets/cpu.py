@@ -30,12 +30,6 @@ def _write(manager: Any, spec: BuildSpec, out_dir: Path) -> None:
         manager.write_tensor_data_to_file(str(out_dir))
 
 
-def _backend_config(spec: BuildSpec) -> Any:
-    from executorch.exir import ExecutorchBackendConfig
-
-    return ExecutorchBackendConfig(external_constants=_weights_tag if spec.external_weights else False)
-
-
 class CpuTarget(Target):
     """What the CPU targets share: the compat key and the ExecuTorch check."""
 
@@ -53,9 +47,29 @@ class CpuTarget(Target):
         return cpu_compat(self.name, toolchain.arch, quantization=compat_tag(spec.quantization))
 
     def runtime_operators(self) -> set[str] | None:
-        from executorch.extension.pybindings.portable_lib import _get_operator_names
+        from prefect_executorch.runtime import runtime_extension
 
-        return set(_get_operator_names())
+        return set(runtime_extension()._get_operator_names())
+
+    def edge_program(self, programs: Any, *, generate_etrecord: bool = False) -> Any:
+        """``programs`` in ExecuTorch's edge dialect, partitioned as this target lowers them (triage replays this)."""
+        from executorch.exir import to_edge
+
+        return to_edge(programs, generate_etrecord=generate_etrecord)
+
+    def to_executorch(self, edge: Any, spec: BuildSpec) -> Any:
+        """The edge program as an ExecuTorch program, weights inline or tagged for the ``.ptd``."""
+        from executorch.exir import ExecutorchBackendConfig
+
+        return edge.to_executorch(ExecutorchBackendConfig(external_constants=_weights_tag if spec.external_weights else False))
+
+    def lower(
+        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
+    ) -> dict[str, DelegationFacts]:
+        edge = self.edge_program(programs)
+        delegation = delegation_facts(edge)
+        _write(self.to_executorch(edge, spec), spec, out_dir)
+        return delegation
 
 
 class PortableTarget(CpuTarget):
@@ -63,16 +77,6 @@ class PortableTarget(CpuTarget):
 
     name = "portable"
     options = PortableOptions
-
-    def lower(
-        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
-    ) -> dict[str, DelegationFacts]:
-        from executorch.exir import to_edge
-
-        edge = to_edge(programs)
-        delegation = delegation_facts(edge)
-        _write(edge.to_executorch(_backend_config(spec)), spec, out_dir)
-        return delegation
 
 
 class XnnpackTarget(CpuTarget):
@@ -95,13 +99,9 @@ class XnnpackTarget(CpuTarget):
         delegate_external_constants_pass_unlifted(module=unlifted, gen_tag_fn=_weights_tag)
         return super().export_method(unlifted, args, dynamic_shapes, spec)
 
-    def lower(
-        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
-    ) -> dict[str, DelegationFacts]:
+    def edge_program(self, programs: Any, *, generate_etrecord: bool = False) -> Any:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
 
-        edge = to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()])
-        delegation = delegation_facts(edge)
-        _write(edge.to_executorch(_backend_config(spec)), spec, out_dir)
-        return delegation
+        return to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()],
+                                           generate_etrecord=generate_etrecord)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from prefect_executorch.calls import Call, LiveSources, Ref, Slot, Step, check_calls, run_steps
-from prefect_executorch.compat import gpu_compat
+from prefect_executorch.compat import gpu_compat, probed_sm
 from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.hostprobe import channel_of
 from prefect_executorch.quantization import check_scheme, compat_tag
@@ -335,7 +335,7 @@ def _option_problems(spec: BuildSpec, options: TensorRTOptions, toolchain: Toolc
         if toolchain.triton is None:
             problems.append("target.coalesce_cuda: the CUDA backend imports triton, which is not installed (torch's CUDA "
                             "wheels bring it): install torch from its CUDA channel")
-    if options.hardware_compatible and toolchain.sm and toolchain.sm[2:].isdigit() and int(toolchain.sm[2:]) < 80:
+    if options.hardware_compatible and (probed_sm(toolchain.sm) or 80) < 80:
         problems.append(
             f"target.hardware_compatible: hardware-compatible engines need an Ampere (sm80) or newer GPU; this one "
             f"is {toolchain.sm}; set hardware_compatible: false"

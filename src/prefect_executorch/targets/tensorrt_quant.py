@@ -18,8 +18,9 @@ import copy
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.calls import Call, Ref, Slot, Step, check_calls, materialize, run_steps
+from prefect_executorch.compat import probed_sm
 from prefect_executorch.errors import ToolchainMismatch
-from prefect_executorch.quantization import TENSORRT_SCHEMES, calibration_inputs
+from prefect_executorch.quantization import calibration_inputs, is_tensorrt_scheme
 
 if TYPE_CHECKING:
     import torch
@@ -36,11 +37,6 @@ MODELOPT_CONFIGS = {"int8": "INT8_DEFAULT_CFG", "fp8": "FP8_DEFAULT_CFG"}
 FP8_MIN_SM = 89
 EXPORT_MODE = Call("modelopt.torch.quantization.utils.export_torch_mode", "function")
 QUANTIZE_OP = "torch.ops.tensorrt.quantize_op.default"
-
-
-def is_tensorrt_scheme(spec: BuildSpec) -> bool:
-    """Whether the spec asks for a ModelOpt (TensorRT) scheme."""
-    return spec.quantization is not None and spec.quantization.scheme in TENSORRT_SCHEMES
 
 
 def quantize_steps(scheme: str) -> list[Step]:
@@ -83,7 +79,7 @@ def toolchain_problems(spec: BuildSpec, toolchain: Toolchain) -> list[str]:
             f"(torch-tensorrt converts its tensorrt::quantize_op only when it is); install it with: {MODELOPT_INSTALL}"
         )
     sm = toolchain.sm
-    if scheme == "fp8" and sm and sm[2:].isdigit() and int(sm[2:]) < FP8_MIN_SM:
+    if scheme == "fp8" and (probed_sm(sm) or FP8_MIN_SM) < FP8_MIN_SM:
         problems.append(
             f"quantization.scheme 'fp8': TensorRT builds FP8 layers on sm{FP8_MIN_SM} (Ada) or newer, this GPU is {sm}; "
             "use scheme int8 here, or run on an Ada/Hopper/Blackwell worker"

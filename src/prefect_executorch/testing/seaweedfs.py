@@ -154,7 +154,11 @@ class SeaweedS3:
         if self._proc is not None:
             raise RuntimeError("the server is running; kill() it first")
         self._launch()
-        self._wait_serving()
+        try:
+            self._wait_serving()
+        except BaseException:
+            self.stop()
+            raise
 
     def _wait_serving(self) -> None:
         # After a crash /healthz answers before the filer has reloaded its data: on a loaded machine,
