@@ -82,7 +82,7 @@ class VerifyBundledRequest(BaseModel):
 def _bundled_settings() -> BundledSettings:
     # Imported here, not at the top: the validating child imports this module, and Prefect's import
     # (which the settings need) would cost every spawned child seconds.
-    from prefect_executorch.settings import read_settings
+    from prefect_executorch.settings import BundledSettings, read_settings
 
     return read_settings(BundledSettings)
 
