@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -156,3 +157,31 @@ runpy.run_module("prefect_executorch.cli", run_name="__main__")
     done = subprocess.run([sys.executable, "-c", script, "build", str(demo), "--store", str(tmp_path / "store")],
                           capture_output=True, text=True, timeout=120)
     assert "prefect imported when the children started: False" in done.stdout, done.stdout + done.stderr
+
+
+def test_the_embedded_api_runs_the_flow_without_prefect_server_in_the_cli_and_stops_with_it(tmp_path: Path) -> None:
+    """The CLI starts Prefect's ephemeral API itself (embedded.EphemeralApi), not through an in-process import."""
+    home = tmp_path / "prefect-home"
+    script = """
+import atexit, runpy, sys
+atexit.register(lambda: print("prefect.server in the CLI:", "prefect.server.api.server" in sys.modules))
+sys.argv = ["prefect-executorch", *sys.argv[1:]]
+runpy.run_module("prefect_executorch.cli", run_name="__main__")
+"""
+    env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}, "PREFECT_HOME": str(home),
+           "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store")}
+    done = subprocess.run([sys.executable, "-c", script, "build", str(write_spec(tmp_path / "spec.json"))],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "fresh build: mlp/1/portable/" in done.stdout
+    assert "prefect.server in the CLI: False" in done.stdout
+    with sqlite3.connect(home / "prefect.db") as db:  # the run went to this home's embedded API
+        assert db.execute("select state_type from flow_run").fetchall() == [("COMPLETED",)]
+    survivors = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if f"PREFECT_HOME={home}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                survivors.append(pid)
+        except OSError:
+            continue
+    assert survivors == []

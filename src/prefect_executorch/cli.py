@@ -10,8 +10,9 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,6 +20,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from prefect_executorch.errors import PrefectExecutorchError
+
+if TYPE_CHECKING:
+    from prefect_executorch.embedded import EphemeralApi
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False,
                   # Plain help, wrapped at the terminal, never cut; wide when piped (to a pager, grep or a file).
@@ -166,29 +170,29 @@ def build(
             if prefect_start is None:
                 _start_children(ctx)
                 prefect_start = _start_prefect()
-            prefect_start.join()
-            with embedded_settings():
+            with embedded_settings(prefect_start.result()):
                 ref = build_bundle(spec, store=store, output=str(output) if output else None)
     print_build_summary(ref, view.seconds)
 
 
-def _start_prefect() -> threading.Thread:
-    """Start Prefect's API in the background (the ephemeral server's imports and database, unless one is configured).
+def _start_prefect() -> Future[EphemeralApi | None]:
+    """Start Prefect's ephemeral API in the background (``EphemeralApi``; None with a configured server).
 
-    The largest part of a CLI build's overhead then overlaps the probe and the children's imports.
+    The largest part of a CLI build's overhead then overlaps the probe and the children's imports. If
+    it fails to start, the flow starts Prefect's own and reports what fails.
     """
+    from prefect_executorch.embedded import EphemeralApi
 
-    def start() -> None:
-        from prefect import get_client
-
+    def start() -> EphemeralApi | None:
         try:
-            get_client(sync_client=True)  # starts the ephemeral API once, unless a server is configured
-        except Exception as exc:  # noqa: BLE001 - the flow starts it again and reports what fails
+            return EphemeralApi.start_unless_configured()
+        except Exception as exc:  # noqa: BLE001 - reported by the flow's own start
             logging.getLogger(__name__).debug("early start of Prefect's API failed: %s", exc)
+            return None
 
-    thread = threading.Thread(target=start, name="prefect-api-start", daemon=True)
-    thread.start()
-    return thread
+    future: Future[EphemeralApi | None] = Future()
+    threading.Thread(target=lambda: future.set_result(start()), name="prefect-api-start", daemon=True).start()
+    return future
 
 
 class LiveView:
