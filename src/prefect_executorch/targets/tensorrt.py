@@ -335,7 +335,7 @@ def _option_problems(spec: BuildSpec, options: TensorRTOptions, toolchain: Toolc
         if toolchain.triton is None:
             problems.append("target.coalesce_cuda: the CUDA backend imports triton, which is not installed (torch's CUDA "
                             "wheels bring it): install torch from its CUDA channel")
-    if options.hardware_compatible and (probed_sm(toolchain.sm) or 80) < 80:
+    if options.hardware_compatible and (sm := probed_sm(toolchain.sm)) is not None and sm < 80:
         problems.append(
             f"target.hardware_compatible: hardware-compatible engines need an Ampere (sm80) or newer GPU; this one "
             f"is {toolchain.sm}; set hardware_compatible: false"

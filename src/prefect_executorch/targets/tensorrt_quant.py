@@ -79,7 +79,7 @@ def toolchain_problems(spec: BuildSpec, toolchain: Toolchain) -> list[str]:
             f"(torch-tensorrt converts its tensorrt::quantize_op only when it is); install it with: {MODELOPT_INSTALL}"
         )
     sm = toolchain.sm
-    if scheme == "fp8" and (probed_sm(sm) or FP8_MIN_SM) < FP8_MIN_SM:
+    if scheme == "fp8" and (number := probed_sm(sm)) is not None and number < FP8_MIN_SM:
         problems.append(
             f"quantization.scheme 'fp8': TensorRT builds FP8 layers on sm{FP8_MIN_SM} (Ada) or newer, this GPU is {sm}; "
             "use scheme int8 here, or run on an Ada/Hopper/Blackwell worker"

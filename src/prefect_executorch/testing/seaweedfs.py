@@ -130,13 +130,16 @@ class SeaweedS3:
         self._launch()
         return self
 
-    def _launch(self) -> None:
+    def _launch(self, *, serving: bool = False) -> None:
+        """Start weed and wait for ``/healthz``; with ``serving``, also until its existing buckets list."""
         assert self.workdir is not None
         command = self._command(weed_binary(), self.workdir)
         with open(self.workdir / "weed.out", "ab") as log:
             self._proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             self._wait_ready()
+            if serving:
+                self._wait_serving()
         except BaseException:
             self.stop()
             raise
@@ -153,12 +156,7 @@ class SeaweedS3:
         """Start the server again on the same ports and data after ``kill``, and wait until it serves its buckets."""
         if self._proc is not None:
             raise RuntimeError("the server is running; kill() it first")
-        self._launch()
-        try:
-            self._wait_serving()
-        except BaseException:
-            self.stop()
-            raise
+        self._launch(serving=True)
 
     def _wait_serving(self) -> None:
         # After a crash /healthz answers before the filer has reloaded its data: on a loaded machine,
