@@ -50,20 +50,36 @@ def make_spec() -> Callable[..., BuildSpec]:
 # --- S3 (SeaweedFS) -------------------------------------------------------------------------------
 
 
+_S3_SERVER = pytest.StashKey[Any]()
+
+
 @pytest.fixture(scope="session")
-def s3_server() -> Iterator[Any]:
+def s3_server(request: pytest.FixtureRequest) -> Iterator[Any]:
     """One SeaweedFS S3 server (auth enforced) for the session; fails, never skips, without `weed`.
 
-    ``s3_server.make_bucket()`` gives each test a fresh bucket.
+    ``s3_server.make_bucket()`` gives each test a fresh bucket. Its data lives on a RAM disk where there is one,
+    out of reach of weed's free-space floor on a full CI disk.
     """
-    from prefect_executorch.testing.seaweedfs import SeaweedS3, weed_binary
+    from prefect_executorch.testing.seaweedfs import SeaweedS3, ram_disk, weed_binary
 
     try:
         weed_binary()
     except FileNotFoundError as exc:
         pytest.fail(str(exc), pytrace=False)
-    with SeaweedS3() as server:
+    with SeaweedS3(root=ram_disk()) as server:
+        request.config.stash[_S3_SERVER] = server
         yield server
+        del request.config.stash[_S3_SERVER]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """A failed test, while the session's S3 server runs, reports that server's free space and latest errors."""
+    report = yield
+    server = item.config.stash.get(_S3_SERVER, None)
+    if report.failed and server is not None:
+        report.sections.append(("SeaweedFS", server.diagnostics()))
+    return report
 
 
 @pytest.fixture

@@ -342,6 +342,14 @@ def test_fresh_buckets_do_not_exhaust_the_servers_volumes(s3_server: SeaweedS3) 
     assert free_volumes() >= 1000
 
 
+def test_the_servers_data_is_far_from_weeds_free_space_floor(s3_server: SeaweedS3) -> None:
+    """weed refuses every write once its data's filesystem has under 1% free: a full CI disk must not reach it."""
+    assert s3_server.workdir is not None
+    stat = os.statvfs(s3_server.workdir)
+    assert stat.f_bavail / stat.f_blocks > 0.05, s3_server.diagnostics()
+    assert f"data: {s3_server.workdir}" in s3_server.diagnostics()
+
+
 def test_create_only_and_compare_and_swap(s3_env: SeaweedS3, tmp_path: Path) -> None:
     store = fresh_store(s3_env)
     first = store.put_bytes("m/aliases/a.json", b"one")

@@ -16,7 +16,7 @@ from prefect_executorch.artifacts.registry import publish, pull, verify_bundle_d
 from prefect_executorch.artifacts.s3 import S3Settings, S3Store
 from prefect_executorch.errors import BundleConflict, BundleNotFound, StoreError
 from prefect_executorch.hashing import sha256_file
-from prefect_executorch.testing.seaweedfs import SeaweedS3
+from prefect_executorch.testing.seaweedfs import SeaweedS3, ram_disk
 
 from faultproxy import FaultProxy, Rule
 from helpers import set_aws_env
@@ -34,7 +34,7 @@ def test_server_killed_mid_multipart_publish(real_bundle: Callable[[str], RealBu
     bundle = real_bundle("wide_200mb")
     assert sum(entry.size for entry in bundle.manifest.files) >= 200 * MiB
     key = bundle.manifest.key
-    with SeaweedS3() as server:
+    with SeaweedS3(root=ram_disk()) as server:
         set_aws_env(monkeypatch, server)
         bucket = server.make_bucket()
         killed_at: list[int] = []
@@ -99,7 +99,7 @@ def test_concurrent_publishes_while_the_server_dies(real_bundle: Callable[[str],
                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A publish that loses its server keeps its claim: another build cannot slip in, a rerun of the same build can."""
     bundle = real_bundle("wide_24mb")
-    with SeaweedS3() as server:
+    with SeaweedS3(root=ram_disk()) as server:
         set_aws_env(monkeypatch, server)
         bucket = server.make_bucket()
         started = threading.Event()

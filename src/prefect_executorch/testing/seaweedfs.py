@@ -68,13 +68,36 @@ def _free_admin_port(exclude: set[int]) -> int:
 
 
 _MAX_VOLUMES = 10_000
+_RAM_DISK = Path("/dev/shm")
+_RAM_DISK_ROOM = 2 * 1024**3
+
+
+def ram_disk() -> Path | None:
+    """``/dev/shm`` when it is writable with room for a test session's objects, else ``None``.
+
+    weed refuses every write (InternalError: "No writable volumes and no free volumes left") once its data
+    directory's filesystem has under 1% free, a floor it checks each minute: 2.5 GB of a 252 GB disk, which a
+    CI machine's virtual environments and scratch files can cross. A RAM disk holds only what the tests
+    write there, so that floor stays out of their reach.
+    """
+    try:
+        stat = os.statvfs(_RAM_DISK)
+    except OSError:
+        return None
+    if not os.access(_RAM_DISK, os.W_OK) or stat.f_bavail * stat.f_frsize < _RAM_DISK_ROOM:
+        return None
+    return _RAM_DISK
 
 
 class SeaweedS3:
-    """One ``weed mini`` process with an S3 endpoint that requires ``ACCESS_KEY``/``SECRET_KEY``."""
+    """One ``weed mini`` process with an S3 endpoint that requires ``ACCESS_KEY``/``SECRET_KEY``.
 
-    def __init__(self, startup_timeout: float = 60.0) -> None:
+    Its data and logs live in a new folder under ``root`` (default: the system's temp folder).
+    """
+
+    def __init__(self, startup_timeout: float = 60.0, root: Path | None = None) -> None:
         self.startup_timeout = startup_timeout
+        self.root = root
         self.access_key = ACCESS_KEY
         self.secret_key = SECRET_KEY
         self.region = REGION
@@ -114,7 +137,7 @@ class SeaweedS3:
     def start(self) -> SeaweedS3:
         """Start the server and wait until ``/healthz`` answers 200."""
         weed_binary()  # fail before creating anything
-        tmp = Path(tempfile.mkdtemp(prefix="prefect-executorch-weed-"))
+        tmp = Path(tempfile.mkdtemp(prefix="prefect-executorch-weed-", dir=self.root))
         self.workdir = tmp
         (tmp / "data").mkdir()
         (tmp / "logs").mkdir()
@@ -215,6 +238,19 @@ class SeaweedS3:
         if self.workdir is not None:
             for name in ("filer.sock", "s3.sock"):
                 (self.workdir / name).unlink(missing_ok=True)
+
+    def diagnostics(self) -> str:
+        """Free space where the data lives and weed's latest warnings and errors, for a failed test's report."""
+        if self.workdir is None:
+            return "weed mini is not running"
+        stat = os.statvfs(self.workdir)
+        free = stat.f_bavail * stat.f_frsize
+        lines = [f"data: {self.workdir} ({free / 1024**3:.2f} GiB free, "
+                 f"{100 * stat.f_bavail / max(stat.f_blocks, 1):.1f}%; weed stops writing under 1%)"]
+        log = self.workdir / "logs" / "weed.INFO"  # glog's link to the current file; W and E lines start so
+        if log.exists():
+            lines += [line for line in log.read_text(errors="replace").splitlines() if line.startswith(("W", "E"))][-20:]
+        return "\n".join(lines)
 
     def client(self, **config: Any) -> Any:
         """A boto3 S3 client with the server's credentials (path-style, SigV4)."""
