@@ -185,3 +185,21 @@ runpy.run_module("prefect_executorch.cli", run_name="__main__")
         except OSError:
             continue
     assert survivors == []
+
+
+def test_prefect_is_imported_before_the_api_thread_starts(tmp_path: Path) -> None:
+    """Prefect's import loads collections (ours too): in a second thread beside ours it could deadlock on import locks."""
+    script = """
+import sys
+from prefect_executorch.cli import _start_prefect
+future = _start_prefect()
+prefect = sys.modules.get("prefect")
+print("prefect imported when the thread started:", prefect is not None and not prefect.__spec__._initializing)
+api = future.result()
+if api is not None:
+    api.stop()
+"""
+    env = {**{k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}, "PREFECT_HOME": str(tmp_path / "home")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "prefect imported when the thread started: True" in done.stdout, done.stdout + done.stderr

@@ -181,6 +181,12 @@ def _start_prefect() -> Future[EphemeralApi | None]:
     The largest part of a CLI build's overhead then overlaps the probe and the children's imports. If
     it fails to start, the flow starts Prefect's own and reports what fails.
     """
+    # Prefect is imported here, not in the thread: its import runs plugin hooks and loads collections (ours
+    # among them) while this thread imports our modules, and two threads importing both at once can meet in
+    # Python's import locks ("Failed to initialize plugins: deadlock detected by _ModuleLock(...)"). The
+    # children's server is already importing torch, which every later step waits for, so this costs nothing.
+    import prefect.settings  # noqa: F401
+
     from prefect_executorch.embedded import EphemeralApi
 
     def start() -> EphemeralApi | None:
