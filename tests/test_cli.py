@@ -77,6 +77,7 @@ def test_debug_shows_the_traceback_of_the_cause(tmp_path: Path) -> None:
     assert 'raise RuntimeError("factory exploded on purpose")' in result.stderr, result.stderr
     assert "RuntimeError: factory exploded on purpose" in result.stderr
     assert "Traceback" in result.stderr
+    assert "View at" not in result.stdout + result.stderr  # the embedded API serves no UI to link to
 
 
 def test_probe_json_describes_this_machine(tmp_path: Path) -> None:

@@ -109,8 +109,8 @@ class EphemeralApi:
 
 @contextmanager
 def embedded_settings(api: EphemeralApi | None = None) -> Iterator[None]:
-    """Flows on ``api`` if given (it outlives the block), without flow-run heartbeats; with a configured
-    server, nothing changes.
+    """Flows on ``api`` if given (it outlives the block, no UI links), without flow-run heartbeats; with a
+    configured server, nothing changes.
 
     Heartbeats let a server mark a crashed run; an ephemeral API stops with this process, so no one
     reads them, and Prefect's heartbeat thread holds the end of every flow run for up to a second
@@ -123,6 +123,7 @@ def embedded_settings(api: EphemeralApi | None = None) -> Iterator[None]:
         return
     updates: dict[str, Any] = {"flows.heartbeat_frequency": None}
     if api is not None:
-        updates["api.url"] = api.api_url
+        # It serves no UI (PREFECT_UI_ENABLED=0), so Prefect's "View at <url>" line would point nowhere.
+        updates.update({"api.url": api.api_url, "ui_url": ""})
     with temporary_settings(updates=updates):
         yield
