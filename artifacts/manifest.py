@@ -110,6 +110,8 @@ class Manifest(BaseModel):
     toolchain: dict[str, str | None] = Field(description="Library versions that built the bundle.")
     platform: dict[str, str | None] = Field(description="OS, arch, CUDA channel and SM of the builder.")
     runtime_hints: dict[str, Any] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list, description="What the export chose for this model that a user "
+                             "should know (e.g. a method compiled without the CUDA backend's Triton kernels).")
     spec_sha256: str
     weights_sha256: str | None = None
     quantization: QuantizationFacts | None = Field(None, description="Scheme, group size, calibration, torchao or ModelOpt version.")

@@ -340,6 +340,7 @@ def prepare_bundle(
         toolchain=toolchain.versions(),
         platform=platform_facts(toolchain),
         runtime_hints=target.runtime_hints(spec, toolchain),
+        notes=export.warnings,
         spec_sha256=spec.sha256(),
         weights_sha256=export.weights_sha256,
         quantization=export.quantization,

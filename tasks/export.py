@@ -17,5 +17,8 @@ def export_model(spec: BuildSpec, output_root: Path) -> ExportedProgramDir:
     spec.check_model_reference()
     with stage("export"):
         result = export_program(spec, output_root)
-    get_run_logger().info("exported %s in %.1f s; delegates: %s", result.out_dir, result.seconds, result.delegates())
+    logger = get_run_logger()
+    logger.info("exported %s in %.1f s; delegates: %s", result.out_dir, result.seconds, result.delegates())
+    for warning in result.warnings:
+        logger.warning(warning)
     return result

@@ -17,7 +17,7 @@ import pytest
 from prefect_executorch.isolation import MemoryLimit, run_isolated
 from prefect_executorch.spec import BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
-from prefect_executorch.targets.tensorrt import configure_eager_cuda
+from prefect_executorch.targets.gpu import configure_eager_cuda
 from prefect_executorch.toolchain import ProbeRequest, Toolchain, probe
 
 from helpers import MODELS

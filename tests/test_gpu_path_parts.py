@@ -128,7 +128,7 @@ def test_delegation_read_from_the_pte_agrees_with_the_edge_count(target: str, fa
     chosen = get_target(target)
     method = spec.methods["forward"]
     program = chosen.export_method(load_model(spec), example_inputs(method, seed=0), dynamic_shapes(method), spec)
-    edge_facts = chosen.lower({"forward": program}, spec, tmp_path)
+    edge_facts = chosen.lower({"forward": program}, spec, tmp_path).delegation
     assert edge_facts is not None
     read = facts_from_program({"forward": program}, read_program(tmp_path / "model.pte"))["forward"]
     assert read.fraction == pytest.approx(fraction) and edge_facts["forward"].fraction == pytest.approx(fraction)

@@ -34,7 +34,7 @@ def test_each_target_parses_its_own_options(name: str) -> None:
 def test_devices_of_the_shipped_targets() -> None:
     assert {name: target.device for name, target in TARGETS.items()} == {
         "xnnpack": "cpu", "portable": "cpu", "tensorrt": "cuda"}
-    assert [name for name in TARGETS if needs_cuda(name)] == ["tensorrt"]
+    assert [name for name in TARGETS if needs_cuda(name)] == ["cuda", "tensorrt"]
 
 
 class _CudaPortable(PortableTarget):
@@ -52,5 +52,5 @@ def test_placement_asks_the_target_for_its_device(monkeypatch: pytest.MonkeyPatc
 
 
 def test_an_unknown_kind_names_the_registered_ones() -> None:
-    with pytest.raises(SpecError, match="'portable', 'tensorrt'"):
+    with pytest.raises(SpecError, match="'portable', 'cuda', 'tensorrt'"):
         parse_spec({**SPEC, "target": "vulkan"})

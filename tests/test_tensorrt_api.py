@@ -23,8 +23,9 @@ from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.hostprobe import tensorrt_capabilities
 from prefect_executorch.spec import BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
+from prefect_executorch.targets.gpu import RUNTIME_MODULE
 from prefect_executorch.targets.options import TENSORRT_OWNED_COMPILE_KEYWORDS
-from prefect_executorch.targets.tensorrt import RUNTIME_MODULE, build_backend_config, build_steps
+from prefect_executorch.targets.tensorrt import build_backend_config, build_steps
 from prefect_executorch.toolchain import GpuInfo, Toolchain, read_torch_tensorrt_api
 
 from helpers import MODELS

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from prefect_executorch.spec import BuildSpec
 
 BUNDLED_FILE = "model.bpte"
-#: Targets whose bundled cases are built and checked: the GPU path is not verified (on ExecuTorch 1.4 a
-#: device-resident output cannot even be read back from Python).
-BUNDLED_TARGETS = ("xnnpack", "portable")
+#: Targets whose bundled cases are built and checked. Not TensorRT: no TensorRT program has ever run here, and on
+#: ExecuTorch 1.4 a device-resident output cannot even be read back from Python.
+BUNDLED_TARGETS = ("xnnpack", "portable", "cuda")
 #: Recorded cases per method: (inputs, eager outputs flattened in the program's output order).
 Cases = dict[str, list[tuple[tuple["torch.Tensor", ...], list[Any]]]]
 
@@ -201,16 +201,22 @@ def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
     # Both buffers must outlive the loaded program: the runtime keeps pointers into them.
     buffer = (bundle / BUNDLED_FILE).read_bytes()
     data = (bundle / req.data_files[0]).read_bytes() if req.data_files else None
+    # ExecuTorch's bundled verifier cannot take a .ptd (1.4.1 loads the program without its data map and crashes),
+    # and on a CUDA-delegated program it breaks the CUDA context ("cudaMemcpy D2H failed: an illegal memory
+    # access"): such programs run their cases through a module loaded with the data map instead.
+    through_module = data is not None or get_target(req.target).device == "cuda"
     try:
         program = portable_lib._load_bundled_program_from_buffer(buffer)
-        module = portable_lib._load_for_executorch_from_bundled_program(program, data_map_buffer=data) if data else None
+        module = (portable_lib._load_for_executorch_from_bundled_program(program, data_map_buffer=data)
+                  if through_module else None)
     except RuntimeError as exc:
         raise ValidationFailed(f"ExecuTorch could not load {BUNDLED_FILE}: {describe_runtime_error(exc)}") from None
     suites: dict[str, Any] = {}
     if module is not None:
         from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program
 
-        # A program with external weights is small, so its flatbuffer is cheap to decode whole.
+        # A program with external weights is small, so its flatbuffer is cheap to decode whole (a CUDA program
+        # carries its compiled kernels, a few MB).
         suites = {s.method_name: s for s in deserialize_from_flatbuffer_to_bundled_program(buffer).method_test_suites}
     results = []
     for name, method in req.methods.items():

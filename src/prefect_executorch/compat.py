@@ -1,6 +1,6 @@
 """Compat keys: where a bundle runs, and whether (and how well) it fits a machine.
 
-Two shapes exist:
+Three shapes exist:
 
 - CPU: ``cpu-<backend>-<arch>[-<quantization>]``, e.g. ``cpu-xnnpack-x86_64``: runs on any host of that
   arch; ``cpu-xnnpack-x86_64-int8da4wg32`` is a quantized build (its own key, so a float and a
@@ -9,6 +9,9 @@ Two shapes exist:
   (an engine built for exactly SM 9.0 and TensorRT 11.1) or ``cu132-sm80plus-trt11.1plus-aarch64``
   (a hardware-compatible engine for Ampere and newer, version-compatible: TensorRT 11.1 or a newer
   11.x, never an older one nor another major); ``cu132-sm90-trt11.1-x86_64-fp8`` is a quantized build.
+- CUDA backend: ``<cuda channel>-sm<NN>-cuda-<arch>``, e.g. ``cu130-sm90-cuda-x86_64``: ExecuTorch's CUDA
+  backend, whose kernels carry SASS and PTX for the exporting GPU's arch-specific target (``sm_90a``),
+  so exactly that SM; no TensorRT.
 
 ``fit`` answers for one key and one ``Toolchain``; a target that emits GPU keys builds them with
 ``gpu_compat`` so the two sides cannot drift apart.
@@ -32,6 +35,7 @@ _GPU_RE = re.compile(
     r"^(?P<channel>cu\d{3})-sm(?P<sm>\d{2,3})(?P<plus>plus)?"
     r"-trt(?P<trt>\d+\.\d+)(?P<trt_plus>plus)?-(?P<arch>[a-z0-9_]+)(?:-(?P<quant>int8|fp8))?$"
 )
+_CUDA_RE = re.compile(r"^(?P<channel>cu\d{3})-sm(?P<sm>\d{2,3})-cuda-(?P<arch>[a-z0-9_]+)$")
 _SM_RE = re.compile(r"^sm(\d{2,3})(plus)?$")
 
 
@@ -41,7 +45,7 @@ class Compat(BaseModel):
     key: str
     kind: Literal["cpu", "gpu"]
     arch: str
-    backend: str | None = None
+    backend: str | None = Field(None, description="CPU: xnnpack or portable; GPU: tensorrt or cuda.")
     quantization: str | None = None
     cuda_channel: str | None = None
     sm: int | None = None
@@ -68,12 +72,16 @@ def parse_compat(key: str) -> Compat:
         return Compat(
             key=key, kind="gpu", arch=match["arch"], cuda_channel=match["channel"], sm=int(match["sm"]),
             sm_or_newer=bool(match["plus"]), tensorrt=match["trt"], tensorrt_or_newer=bool(match["trt_plus"]),
-            quantization=match["quant"],
+            quantization=match["quant"], backend="tensorrt",
         )
+    if is_safe_name(key) and (match := _CUDA_RE.match(key)):
+        return Compat(key=key, kind="gpu", backend="cuda", arch=match["arch"], cuda_channel=match["channel"],
+                      sm=int(match["sm"]))
     raise SpecError(
         f"compat: {key!r} is not a compat key; expected 'cpu-<backend>-<arch>' (cpu-xnnpack-x86_64; a quantized "
         "build adds its scheme: cpu-xnnpack-x86_64-int8da4wg32) or "
-        "'<cuXYZ>-sm<NN>[plus]-trt<major.minor>[plus]-<arch>' (cu132-sm90-trt11.1-x86_64)"
+        "'<cuXYZ>-sm<NN>[plus]-trt<major.minor>[plus]-<arch>' (cu132-sm90-trt11.1-x86_64) or "
+        "'<cuXYZ>-sm<NN>-cuda-<arch>' (cu130-sm90-cuda-x86_64)"
     )
 
 
@@ -94,6 +102,15 @@ def gpu_compat(cuda_channel: str | None, sm: str | None, arch: str, tensorrt: st
     key = (f"{cuda_channel}-sm{number}{'plus' if sm_or_newer else ''}-trt{release[0]}.{release[1]}"
            f"{'plus' if tensorrt_or_newer else ''}-{arch}" + (f"-{quantization}" if quantization else ""))
     return parse_compat(key).key  # the builder and the matcher agree on the shape
+
+
+def cuda_compat(cuda_channel: str | None, sm: str | None, arch: str) -> str:
+    """Build the compat key of a CUDA-backend program from probe values (``cu130``, ``sm90``)."""
+    number = probed_sm(sm)
+    if not cuda_channel or number is None or not 10 <= number <= 999:
+        raise SpecError(f"compat: cannot build a CUDA key from channel={cuda_channel!r}, sm={sm!r}; expected a channel "
+                        "like 'cu130' and an SM like 'sm90'")
+    return parse_compat(f"{cuda_channel}-sm{number}-cuda-{arch}").key
 
 
 def parse_sm(sm: str | None) -> tuple[int, bool] | None:
@@ -137,7 +154,10 @@ def fit(key: str, toolchain: Toolchain) -> Fit:
     if compat.sm_or_newer and machine_sm < compat.sm:
         return Fit(ok=False, reason=f"needs SM {compat.sm} or newer, this GPU is sm{machine_sm}")
     if not compat.sm_or_newer and machine_sm != compat.sm:
-        return Fit(ok=False, reason=f"engine built for sm{compat.sm}, this GPU is sm{machine_sm}")
+        return Fit(ok=False, reason=f"{'kernels' if compat.backend == 'cuda' else 'engine'} built for sm{compat.sm}, "
+                                    f"this GPU is sm{machine_sm}")
+    if compat.backend == "cuda":
+        return Fit(ok=True, rank=20)
     # As on CPU, a quantized engine fits but ranks below every float one.
     rank = 0 if compat.quantization else 10 if compat.sm_or_newer else 20
     assert compat.tensorrt is not None

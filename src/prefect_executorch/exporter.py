@@ -41,7 +41,7 @@ class ExportedProgramDir(BaseModel):
     weights_sha256: str | None = None
     seconds: float
     quantization: QuantizationFacts | None = Field(None, description="How the model was quantized (None: float).")
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list, description="What lowering chose that the user should know.")
 
     @property
     def path(self) -> Path:
@@ -69,14 +69,14 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
     programs = {}
     with torch.no_grad():
         modules, quantization = quantized_methods(model, spec)
+        # Every eager run before any export: a GPU target's export moves the (shared) model to the device.
+        args = {name: example_inputs(method, seed=spec.validation.seed) for name, method in spec.methods.items()}
+        outputs = {name: run_eager(modules[name], args[name], name, method) for name, method in spec.methods.items()}
         for name, method in spec.methods.items():
-            module = modules[name]
-            args = example_inputs(method, seed=spec.validation.seed)
-            outputs = run_eager(module, args, name, method)
             programs[name] = run_torch_export(
-                lambda: target.export_method(module, args, dynamic_shapes(method), spec),  # noqa: B023 - called at once
-                outputs, name, method)
-        delegation = run_lowering(lambda: target.lower(programs, spec, out_dir), target.name)
+                lambda: target.export_method(modules[name], args[name], dynamic_shapes(method), spec),  # noqa: B023 - called at once
+                outputs[name], name, method)
+        lowered = run_lowering(lambda: target.lower(programs, spec, out_dir), target.name)
     pte = out_dir / PROGRAM_FILE
     if not pte.is_file():
         raise ExportFailed(f"target {target.name!r} wrote no {PROGRAM_FILE} into {out_dir}")
@@ -89,10 +89,11 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
         out_dir=str(out_dir),
         data_files=data_files,
         methods=methods,
-        delegation=delegation or {},
+        delegation=lowered.delegation or {},
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,
         seconds=time.monotonic() - started,
         quantization=quantization,
+        warnings=lowered.notes,
     )
 
 

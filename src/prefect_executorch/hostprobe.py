@@ -120,6 +120,35 @@ def triton_version() -> str | None:
     return dist_version("triton") or dist_version("pytorch-triton") or "unknown"
 
 
+def stock_runtime() -> Any:
+    """ExecuTorch's own runtime extension (its ``portable_lib`` wrapper would import all of executorch.exir)."""
+    import torch  # noqa: F401 - loads libtorch, which the runtime extension links against
+
+    try:
+        from executorch.extension.pybindings import _portable_lib as extension
+    except ImportError:  # ExecuTorch 1.5 renamed the extension to _C
+        from executorch.extension.pybindings import _C as extension  # type: ignore[attr-defined,no-redef,unused-ignore]
+    return extension
+
+
+def runtime_backends() -> list[str] | None:
+    """Delegates registered by the runtime validation would load programs with (imports it: a child's work).
+
+    The runtime wheel's when it is installed: its ``activate()`` refuses once ExecuTorch's stock runtime
+    is loaded, so that one is never imported beside it.
+    """
+    try:
+        try:
+            from torch_tensorrt_executorch_runtime import activate  # type: ignore[import-not-found]
+        except ImportError:
+            runtime = stock_runtime()
+        else:
+            runtime = activate()
+        return sorted(runtime._get_registered_backend_names())
+    except Exception:  # noqa: BLE001 - a runtime that cannot load registers nothing here; the targets say why
+        return None
+
+
 def tensorrt_capabilities(api: dict[str, Any] | None) -> dict[str, bool]:
     """Delegate features this torch-tensorrt build offers, as data for checks and manifests."""
     save = set(api["save_keywords"]) if api else set()
@@ -204,6 +233,7 @@ def gather() -> dict[str, Any]:
         "executorch_cuda": executorch_has_cuda(executorch),
         "triton": triton_version(),
         "driver_version": driver_version() if cuda_available else None,
+        "runtime_backends": runtime_backends() if executorch else None,
         "hostname": socket.gethostname(),
         "user": user,
     }

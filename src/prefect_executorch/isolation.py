@@ -53,6 +53,11 @@ PRELOAD = [
     "prefect_executorch.exporter",
     "prefect_executorch.validator",
 ]
+#: The forkserver's environment beside the caller's. Its preload imports torchao (through executorch.exir),
+#: which calls ``torch.cuda.is_available()`` at import; that CUDA-runtime check marks the process so that
+#: every forked child then fails "Cannot re-initialize CUDA in forked subprocess". torch's NVML check
+#: answers the same question without that mark.
+FORKSERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 #: IsolationSettings.child_start's variable, for callers that set it for themselves (benchmarks/validation_cost.py).
 START_METHOD_ENV = "PREFECT_EXECUTORCH_CHILD_START"
 
@@ -73,7 +78,22 @@ def _context(method: StartMethod | None = None) -> Any:
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         context.set_forkserver_preload(PRELOAD)
+        _ensure_forkserver()
     return context
+
+
+def _ensure_forkserver() -> None:
+    """Start the forkserver (once) with ``FORKSERVER_ENV``; this process's own environment stays as it was."""
+    saved = {name: os.environ.get(name) for name in FORKSERVER_ENV}
+    os.environ.update(FORKSERVER_ENV)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def check_main_guard() -> None:
@@ -109,14 +129,14 @@ def warm_up(quiet: bool = False) -> None:
     # (an escape hatch) the server is then never used and exits with this process.
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     if not quiet:
-        multiprocessing.forkserver.ensure_running()
+        _ensure_forkserver()
         return
     # The forkserver inherits fd 2 when it is spawned, so point fd 2 elsewhere for that moment only.
     saved = os.dup(2)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        multiprocessing.forkserver.ensure_running()
+        _ensure_forkserver()
     finally:
         os.dup2(saved, 2)
         os.close(saved)

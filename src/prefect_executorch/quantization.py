@@ -75,11 +75,16 @@ _CPU_TARGETS = (
     "int8 and fp8 are TensorRT schemes: ModelOpt's tensorrt::quantize_op has a TensorRT converter and no "
     "ExecuTorch CPU kernel; on a CPU target use int8-dynamic, int8da4w or int8-static"
 )
+_CUDA = (
+    "the cuda target builds float programs (target.precision: fp32, fp16 or bf16); torchao/PT2E schemes produce "
+    "XNNPACK programs and int8/fp8 are TensorRT's: use target.precision: bf16, target xnnpack, or target tensorrt"
+)
 #: Why a target refuses a scheme; a (target, scheme) pair not listed is supported.
 REFUSED: dict[str, dict[str, str]] = {
     "xnnpack": {"int8-weight-only": _NO_WEIGHT_ONLY, **{scheme: _CPU_TARGETS for scheme in TENSORRT_SCHEMES}},
     "portable": {**{scheme: _PORTABLE for scheme in CPU_SCHEMES}, **{scheme: _CPU_TARGETS for scheme in TENSORRT_SCHEMES}},
     "tensorrt": {scheme: _TENSORRT for scheme in CPU_SCHEMES},
+    "cuda": {scheme: _CUDA for scheme in (*CPU_SCHEMES, *TENSORRT_SCHEMES)},
 }
 
 

@@ -17,19 +17,15 @@ if TYPE_CHECKING:
 #: What registers each delegate that ExecuTorch's CPU wheel does not have built in.
 BACKEND_PACKAGES = {
     "TensorRTBackend": "torch-tensorrt-executorch-runtime",
-    "CudaBackend": "a CUDA build of executorch",
+    "CudaBackend": "torch-tensorrt-executorch-runtime==0.1.0 (or an ExecuTorch built with EXECUTORCH_BUILD_CUDA=ON)",
 }
 
 
 def runtime_extension() -> Any:
-    """ExecuTorch's runtime extension itself: its ``portable_lib`` wrapper imports all of executorch.exir (7-10 s)."""
-    import torch  # noqa: F401 - loads libtorch, which the runtime extension links against
+    """ExecuTorch's runtime extension in this process (the runtime wheel's once a target activated it)."""
+    from prefect_executorch.hostprobe import stock_runtime
 
-    try:
-        from executorch.extension.pybindings import _portable_lib as extension
-    except ImportError:  # ExecuTorch 1.5 renamed the extension to _C
-        from executorch.extension.pybindings import _C as extension  # type: ignore[attr-defined,no-redef,unused-ignore]
-    return extension
+    return stock_runtime()
 
 
 _ERROR_CODE = re.compile(r"error:\s*0x:?([0-9a-fA-F]+)")

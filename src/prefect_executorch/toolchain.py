@@ -75,6 +75,9 @@ class Toolchain(BaseModel):
     triton: str | None = Field(None, description="triton version ('unknown' if only its module was found); the CUDA "
                                "backend imports it at export.")
     driver_version: str | None = Field(None, description="NVIDIA driver version, e.g. '580.95.05'.")
+    runtime_backends: list[str] | None = Field(
+        None, description="Delegates the ExecuTorch runtime this worker loads programs with has registered (the "
+        "runtime wheel's when installed); None where ExecuTorch is absent or its runtime did not load.")
     capabilities: dict[str, bool] = Field(
         default_factory=dict, description="Delegate features this torch-tensorrt offers: cuda_graphs (save), "
         "cuda_graphs_several_methods (executorch.export), shared_engines.")

@@ -9,10 +9,13 @@ from pydantic import Field
 from prefect_executorch.errors import SpecError
 from prefect_executorch.targets.base import PROGRAM_FILE, Target
 from prefect_executorch.targets.cpu import PortableTarget, XnnpackTarget
+from prefect_executorch.targets.cuda import CudaTarget
 from prefect_executorch.targets.options import TargetOptions
 from prefect_executorch.targets.tensorrt import TensorRTTarget
 
-TARGETS: dict[str, Target] = {target.name: target for target in (XnnpackTarget(), PortableTarget(), TensorRTTarget())}
+TARGETS: dict[str, Target] = {
+    target.name: target for target in (XnnpackTarget(), PortableTarget(), CudaTarget(), TensorRTTarget())
+}
 
 if TYPE_CHECKING:
     # mypy cannot read a union built at run time; to it a spec's target is its options' base.

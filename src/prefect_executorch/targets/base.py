@@ -6,6 +6,9 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from pydantic import BaseModel, Field
+
+from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.isolation import MemoryLimit
 from prefect_executorch.targets.options import TargetOptions
 
@@ -13,7 +16,6 @@ if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-    from prefect_executorch.delegation import DelegationFacts
     from prefect_executorch.spec import BuildSpec
     from prefect_executorch.toolchain import Toolchain
 
@@ -25,6 +27,14 @@ WEIGHTS_TAG = "model"
 CPU_VALIDATE_LIMIT_MIB = 8192
 #: Where a target's programs run: ``cuda`` targets build only on a CUDA worker (placement asks this).
 Device = Literal["cpu", "cuda"]
+
+
+class Lowered(BaseModel):
+    """What lowering found out: the operators each delegate took, and what the user should know of its choices."""
+
+    delegation: dict[str, DelegationFacts] | None = Field(
+        None, description="``delegation.delegation_facts`` of the lowered program; None when the target cannot tell.")
+    notes: list[str] = Field(default_factory=list, description="Choices the target made for this model, in words.")
 
 
 class Target(ABC):
@@ -52,13 +62,10 @@ class Target(ABC):
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
 
     @abstractmethod
-    def lower(
-        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
-    ) -> dict[str, DelegationFacts] | None:
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> Lowered:
         """Lower the exported methods and write ``model.pte`` (and any ``.ptd``) into ``out_dir``.
 
-        Returns ``delegation.delegation_facts`` of the lowered edge program when the target has one,
-        else None (the manifest then says the delegated fraction is unknown).
+        Without delegation facts the manifest says the delegated fraction is unknown.
         """
 
     def runtime_operators(self) -> set[str] | None:

@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.compat import cpu_compat
-from prefect_executorch.delegation import DelegationFacts, delegation_facts
+from prefect_executorch.delegation import delegation_facts
 from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.quantization import check_scheme, compat_tag
-from prefect_executorch.targets.base import PROGRAM_FILE, WEIGHTS_TAG, Target
+from prefect_executorch.targets.base import PROGRAM_FILE, WEIGHTS_TAG, Lowered, Target
 from prefect_executorch.targets.options import PortableOptions, XnnpackOptions
 
 if TYPE_CHECKING:
@@ -63,13 +63,11 @@ class CpuTarget(Target):
 
         return edge.to_executorch(ExecutorchBackendConfig(external_constants=_weights_tag if spec.external_weights else False))
 
-    def lower(
-        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
-    ) -> dict[str, DelegationFacts]:
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> Lowered:
         edge = self.edge_program(programs)
         delegation = delegation_facts(edge)
         _write(self.to_executorch(edge, spec), spec, out_dir)
-        return delegation
+        return Lowered(delegation=delegation)
 
 
 class PortableTarget(CpuTarget):

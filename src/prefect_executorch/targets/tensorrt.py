@@ -20,7 +20,15 @@ from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.hostprobe import channel_of
 from prefect_executorch.quantization import check_scheme, compat_tag
 from prefect_executorch.targets import tensorrt_quant
-from prefect_executorch.targets.base import PROGRAM_FILE, MemoryLimit, Target
+from prefect_executorch.targets.base import PROGRAM_FILE, Lowered, MemoryLimit, Target
+from prefect_executorch.targets.gpu import (
+    RUNTIME_PACKAGE,
+    activate_runtime_wheel,
+    configure_eager_cuda,
+    cuda_backend_problems,
+    gpu_memory_limit,
+    platform_problems,
+)
 from prefect_executorch.targets.options import TensorRTOptions
 from prefect_executorch.toolchain import channel_cuda_major
 from prefect_executorch.versions import minor_version, older_than
@@ -29,24 +37,16 @@ if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-    from prefect_executorch.delegation import DelegationFacts
     from prefect_executorch.spec import BuildSpec, InputSpec, MethodSpec
     from prefect_executorch.toolchain import Toolchain
 
-#: The delegate's Python runtime: a separate distribution, not part of the torch-tensorrt wheel.
-RUNTIME_PACKAGE = "torch-tensorrt-executorch-runtime"
-RUNTIME_MODULE = "torch_tensorrt_executorch_runtime"
 #: torch-tensorrt 2.13 silently ignores backend_config and unknown save() keywords and drops the .ptd.
 MIN_TORCH_TENSORRT = (2, 14)
 CUDA_GRAPHS_BUILD = "a Torch-TensorRT build newer than the 2026-10-06 nightly (its main or 2.15 release branch)"
 #: First ExecuTorch whose Python bindings return device-resident outputs (and caller-provided ones)
 #: correctly; before it they wrap the device pointer as a CPU tensor and the clone segfaults.
 DEVICE_OUTPUTS_EXECUTORCH = "1.6.0.dev20261008"
-SUPPORTED_ARCHES = ("x86_64", "aarch64")
 LOW_PRECISION = {"fp16": "float16", "bf16": "bfloat16"}
-#: Resident-memory bounds of GPU children when the spec sets none (MiB; None: unbounded). Export
-#: builds engines and may need the host's memory; validation holds one program and the model.
-GPU_MEMORY_DEFAULTS_MIB: dict[str, int | None] = {"export": None, "validate": 32768}
 
 #: The two stacks the delegate ships in: PyPI releases (torch-tensorrt 2.14 + CPU ExecuTorch 1.4.1 +
 #: the runtime wheel) and the backend page's nightly channel (CUDA builds of all three).
@@ -321,20 +321,7 @@ def _option_problems(spec: BuildSpec, options: TensorRTOptions, toolchain: Toolc
                 "nightly or build Torch-TensorRT from source, or set cuda_graphs: false"
             )
     if options.coalesce_cuda:
-        nvcc_minor = minor_version(toolchain.nvcc_version)
-        if toolchain.nvcc is None:
-            problems.append(
-                "target.coalesce_cuda: the CUDA backend compiles what TensorRT rejects with nvcc at export time, and "
-                "nvcc is not on PATH (nor in $CUDA_HOME/bin); install the CUDA 13 toolkit or set coalesce_cuda: false"
-            )
-        elif nvcc_minor is not None and nvcc_minor[0] != 13:
-            problems.append(
-                f"target.coalesce_cuda: nvcc {toolchain.nvcc_version} at {toolchain.nvcc} is not CUDA 13; put a CUDA 13 "
-                "toolkit's nvcc first on PATH"
-            )
-        if toolchain.triton is None:
-            problems.append("target.coalesce_cuda: the CUDA backend imports triton, which is not installed (torch's CUDA "
-                            "wheels bring it): install torch from its CUDA channel")
+        problems += cuda_backend_problems(toolchain, "target.coalesce_cuda", "set coalesce_cuda: false")
     if options.hardware_compatible and (sm := probed_sm(toolchain.sm)) is not None and sm < 80:
         problems.append(
             f"target.hardware_compatible: hardware-compatible engines need an Ampere (sm80) or newer GPU; this one "
@@ -351,25 +338,6 @@ def _option_problems(spec: BuildSpec, options: TensorRTOptions, toolchain: Toolc
             "`device_resident_io: {inputs: true, outputs: false}`. Device-resident outputs need ExecuTorch "
             f"{DEVICE_OUTPUTS_EXECUTORCH} or newer: " + install_command(toolchain.cuda_channel, "nightly")
         )
-    return problems
-
-
-def _platform_problems(toolchain: Toolchain, install: str) -> list[str]:
-    problems = []
-    if toolchain.os != "Linux" or toolchain.arch not in SUPPORTED_ARCHES:
-        problems.append(
-            f"the TensorRT target runs on Linux x86_64 or aarch64; this worker is {toolchain.os} {toolchain.arch}"
-        )
-    major = channel_cuda_major(toolchain.cuda_channel)
-    if toolchain.cuda_version is None:
-        problems.append(f"torch {toolchain.torch} is a CPU build; install its CUDA 13 build with: {install}")
-    elif major is not None and major < 13:
-        problems.append(
-            f"torch {toolchain.torch} is a CUDA {toolchain.cuda_version} build ({toolchain.cuda_channel}); CUDA 12 "
-            f"is not supported (the delegate links CUDA 13); install a CUDA 13 channel with: {install}"
-        )
-    if not toolchain.cuda_available or not toolchain.gpus:
-        problems.append("no NVIDIA GPU is visible to torch (torch.cuda.is_available() is False); run on a GPU worker")
     return problems
 
 
@@ -409,7 +377,7 @@ class TensorRTTarget(Target):
             raise SpecError("invalid spec for target tensorrt:\n  - " + "\n  - ".join(spec_problems))
         install = worker_install(toolchain)
         problems = (
-            _platform_problems(toolchain, install)
+            platform_problems(toolchain, install, self.name)
             + _library_problems(toolchain, install)
             + _option_problems(spec, options, toolchain)
             + tensorrt_quant.toolchain_problems(spec, toolchain)
@@ -436,9 +404,7 @@ class TensorRTTarget(Target):
         with tensorrt_quant.export_context(spec):
             return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
 
-    def lower(
-        self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path
-    ) -> dict[str, DelegationFacts]:
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> Lowered:
         from prefect_executorch.apisource import Sources
         from prefect_executorch.delegation import facts_from_program
         from prefect_executorch.inputs import dynamic_shapes, example_inputs
@@ -467,7 +433,7 @@ class TensorRTTarget(Target):
                 program.write_tensor_data_to_file(str(out_dir))
         # Engines hide their operators: count the method's operators before lowering, and read from
         # the .pte which of them were left to ExecuTorch's kernels.
-        return facts_from_program(programs, read_program(pte))
+        return Lowered(delegation=facts_from_program(programs, read_program(pte)))
 
     def runtime_setup(self) -> None:
         configure_eager_cuda()
@@ -501,43 +467,19 @@ class TensorRTTarget(Target):
         }
 
     def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
-        # CUDA reserves huge virtual ranges: an address-space limit (even 16 GiB) makes
-        # cudaGetDeviceCount fail, so children that initialise CUDA are bounded by resident memory.
-        mib = requested_mib if requested_mib is not None else GPU_MEMORY_DEFAULTS_MIB[stage]
-        return MemoryLimit(mib=mib, kind="resident") if mib is not None else None
-
-
-def configure_eager_cuda() -> None:
-    """Turn TF32 off for eager CUDA: FP32 engines are built without it, so the reference must match."""
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+        return gpu_memory_limit(stage, requested_mib)
 
 
 def activate_delegate_runtime() -> None:
     """Register TensorRTBackend before anything loads ExecuTorch's runtime.
 
-    The backend page's contract is that importing the package registers the delegate. The 0.1.0
-    wheel registers nothing on import: its ``activate()`` swaps in a runtime with the delegate
-    built in, and refuses if ExecuTorch's stock runtime was imported first. Both are handled.
+    The backend page's contract is that importing the package registers the delegate; the 0.1.0 wheel
+    registers it through ``activate()`` instead. Both are handled (``gpu.activate_runtime_wheel``).
     """
     from prefect_executorch.hostprobe import local_cuda_channel
     from prefect_executorch.runtime import backend_install_hint
 
     channel = local_cuda_channel()
     stack: Stack = "nightly" if ".dev" in importlib.metadata.version("torch") else "release"
-    try:
-        module = importlib.import_module(RUNTIME_MODULE)
-    except ImportError as exc:
-        raise ToolchainMismatch(f"{backend_install_hint('TensorRTBackend', channel)} ({exc})") from None
-    activate = getattr(module, "activate", None)
-    if callable(activate):
-        try:
-            activate()
-        except ImportError as exc:  # the wheel's DelegateCompatibilityError is an ImportError
-            fix = install_command(channel, stack, None if stack == "release" else RUNTIME_PACKAGE)
-            raise ToolchainMismatch(
-                f"{RUNTIME_PACKAGE} is installed but cannot register TensorRTBackend ({type(exc).__name__}: {exc}); "
-                f"torch, executorch, torch-tensorrt and the runtime must come from one channel: {fix}"
-            ) from None
+    activate_runtime_wheel("TensorRTBackend", True, backend_install_hint("TensorRTBackend", channel),
+                           install_command(channel, stack, None if stack == "release" else RUNTIME_PACKAGE))

@@ -1,0 +1,227 @@
+"""NVIDIA GPU target: ExecuTorch's CUDA backend. AOTInductor compiles each method into a shared library of
+Triton kernels, which the ``.pte`` carries; its weights go to ``aoti_cuda_blob.ptd`` beside it.
+
+The compile specs are built as data (``compile_specs``) so that tests check them against the
+backend's source without a GPU; only ``lower`` and ``runtime_setup`` import the backend, on a GPU worker.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from prefect_executorch.compat import cuda_compat
+from prefect_executorch.errors import ExportFailed, SpecError, ToolchainMismatch
+from prefect_executorch.quantization import check_scheme
+from prefect_executorch.targets.base import PROGRAM_FILE, Lowered, MemoryLimit, Target
+from prefect_executorch.targets.gpu import (
+    RUNTIME_PACKAGE,
+    activate_runtime_wheel,
+    configure_eager_cuda,
+    cuda_backend_problems,
+    gpu_memory_limit,
+    platform_problems,
+)
+from prefect_executorch.targets.options import CudaOptions
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+    from prefect_executorch.spec import BuildSpec
+    from prefect_executorch.toolchain import Toolchain
+
+BACKEND = "CudaBackend"
+#: The name the backend gives its external data (``aoti_<device>_blob``): every export needs a fresh directory.
+DATA_FILE = "aoti_cuda_blob.ptd"
+LOW_PRECISION = {"fp16": "float16", "bf16": "bfloat16"}
+#: The release stack: the runtime wheel pins ExecuTorch 1.4.1 and torch 2.14, and brings CudaBackend.
+RUNTIME_RELEASE = f'"{RUNTIME_PACKAGE}==0.1.0" "executorch==1.4.1"'
+INSTALL = ('pip install "prefect-executorch[cuda]" --extra-index-url https://download.pytorch.org/whl/cu130 '
+           "(torch 2.14 cu130, ExecuTorch 1.4.1 and the runtime wheel with CudaBackend)")
+
+
+def _options(spec: BuildSpec) -> CudaOptions:
+    if not isinstance(spec.target, CudaOptions):
+        raise SpecError(f"target: expected kind 'cuda', got {spec.target.kind!r}")
+    return spec.target
+
+
+def _on_off(flag: bool) -> str:
+    return "ON" if flag else "OFF"
+
+
+def compile_specs(options: CudaOptions, method: str, triton: bool) -> list[tuple[str, str]]:
+    """``CudaBackend`` compile specs of one method as (key, value): its name, then the options it reads."""
+    specs = [("method_name", method), ("max_autotune", _on_off(options.max_autotune)),
+             ("triton_kernel_mode", _on_off(triton))]
+    if options.low_memory:
+        specs.append(("low_memory_mode", "ON"))
+    return specs
+
+
+def attention_dtypes(program: ExportedProgram) -> set[str]:
+    """The query dtypes of every scaled-dot-product attention in ``program`` (``float32``, ``bfloat16``)."""
+    found = set()
+    for node in program.graph_module.graph.nodes:
+        if node.op == "call_function" and "scaled_dot_product" in str(node.target):
+            value = node.args[0].meta.get("val")
+            found.add(str(getattr(value, "dtype", "unknown")).removeprefix("torch."))
+    return found
+
+
+def triton_choice(options: CudaOptions, method: str, program: ExportedProgram) -> tuple[bool, str | None]:
+    """Whether ``method`` uses ExecuTorch's Triton kernels, and a note when ``auto`` turned them off.
+
+    The backend's Triton attention kernel takes bfloat16 only ("Expected bfloat16 inputs" at export);
+    without the Triton kernels, attention compiles through Inductor's math path, in any type.
+    """
+    other = sorted(attention_dtypes(program) - {"bfloat16"})
+    if options.triton_kernels == "off":
+        return False, None
+    if not other:
+        return True, None
+    if options.triton_kernels == "on":
+        raise ExportFailed(
+            f"method {method!r}: attention runs in {', '.join(other)} and ExecuTorch's Triton attention kernel takes "
+            "bfloat16 only; set target.precision: bf16, or target.triton_kernels: auto (attention then compiles "
+            "through Inductor's math path)"
+        )
+    return False, (f"method {method!r}: attention in {', '.join(other)}: ExecuTorch's Triton attention kernel takes "
+                   "bfloat16 only, so this method compiles without the backend's Triton kernels (Inductor's math "
+                   "attention); target.precision: bf16 would use them")
+
+
+def in_precision(inner: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``inner`` computing in ``dtype`` behind float32 inputs and outputs (the spec's interface stays)."""
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+    class InPrecision(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner.to(dtype)
+
+        def forward(self, *args: Any) -> Any:
+            cast = tuple(a.to(dtype) if a.is_floating_point() else a for a in args)
+            return tree_map_only(torch.Tensor, lambda t: t.float() if t.is_floating_point() else t, self.inner(*cast))
+
+    return InPrecision()
+
+
+def _toolchain_problems(toolchain: Toolchain) -> list[str]:
+    problems = platform_problems(toolchain, INSTALL, "cuda")
+    if toolchain.executorch is None:
+        problems.append(f"executorch is not installed; install it with: {INSTALL}")
+    if toolchain.runtime_backends is not None and BACKEND not in toolchain.runtime_backends:
+        problems.append(
+            f"this worker's ExecuTorch runtime has no {BACKEND} (it registers {', '.join(toolchain.runtime_backends) or 'none'}), "
+            f"so the program could not be validated here; install the runtime wheel with: pip install {RUNTIME_RELEASE} "
+            "(or an ExecuTorch built with EXECUTORCH_BUILD_CUDA=ON)"
+        )
+    return problems + cuda_backend_problems(toolchain, "target cuda", "build target xnnpack on this worker")
+
+
+class CudaTarget(Target):
+    """ExecuTorch's CUDA backend: every method compiled by AOTInductor (Triton kernels), weights in the ``.ptd``."""
+
+    name = "cuda"
+    options = CudaOptions
+    device = "cuda"
+
+    def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
+        check_scheme(spec, self.name)
+        _options(spec)
+        problems = _toolchain_problems(toolchain)
+        if problems:
+            raise ToolchainMismatch(
+                f"this worker cannot build target cuda ({len(problems)} problems):\n  - " + "\n  - ".join(problems)
+            )
+        if spec.external_weights:
+            return ["external_weights: the CUDA backend always writes the weights to aoti_cuda_blob.ptd; the setting "
+                    "changes nothing for target cuda"]
+        return []
+
+    def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
+        # The kernels are SASS and PTX for the exporting GPU's arch-specific target (sm_90a on an H100/H200:
+        # docs/cuda.md), which no other arch runs: the key names that SM exactly, and no TensorRT.
+        try:
+            return cuda_compat(toolchain.cuda_channel, toolchain.sm, toolchain.arch)
+        except SpecError as exc:
+            raise ToolchainMismatch(f"the compat key of a CUDA bundle cannot be built on this worker: {exc}") from None
+
+    def export_method(
+        self, module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any, spec: BuildSpec
+    ) -> ExportedProgram:
+        import torch
+
+        precision = LOW_PRECISION.get(_options(spec).precision)
+        if precision is not None:
+            module = in_precision(module, getattr(torch, precision))
+        # Inductor compiles for the device the program was exported on.
+        return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
+
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> Lowered:
+        from executorch.backends.cuda.cuda_backend import CudaBackend
+        from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
+        from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+        from executorch.exir.backend.compile_spec_schema import CompileSpec
+        from executorch.exir.passes import MemoryPlanningPass
+
+        from prefect_executorch.delegation import delegation_facts
+
+        options = _options(spec)
+        partitioners, notes = {}, []
+        for name, program in programs.items():
+            triton, note = triton_choice(options, name, program)
+            notes += [note] if note else []
+            method_spec, *rest = compile_specs(options, name, triton)
+            partitioners[name] = [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(method_spec[1]),
+                                                   *(CompileSpec(key, value.encode()) for key, value in rest)])]
+        # As the backend's own exports do: its partitioner keeps every ATen op for Inductor (no IR check),
+        # delegate blobs go to segments, and inputs stay unplanned (the backend copies them to the device).
+        edge = to_edge_transform_and_lower(
+            programs, partitioner=partitioners,
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+        )
+        delegation = delegation_facts(edge)
+        program = edge.to_executorch(ExecutorchBackendConfig(
+            extract_delegate_segments=True, do_quant_fusion_and_const_prop=True,
+            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        ))
+        with open(out_dir / PROGRAM_FILE, "wb") as file:
+            program.write_to_file(file)
+        program.write_tensor_data_to_file(str(out_dir))
+        return Lowered(delegation=delegation, notes=notes)
+
+    def runtime_setup(self) -> None:
+        configure_eager_cuda()
+        # The runtime wheel's runtime has CudaBackend; without the wheel, ExecuTorch's own runtime must be a
+        # CUDA build, and LoadedProgram names what to install when it is not.
+        activate_runtime_wheel(BACKEND, False, "", f"pip install {RUNTIME_RELEASE}")
+
+    def eager_device(self, spec: BuildSpec) -> str:
+        return "cuda"
+
+    def compute_dtype(self, spec: BuildSpec) -> str | None:
+        return LOW_PRECISION.get(_options(spec).precision)
+
+    def runtime_hints(self, spec: BuildSpec, toolchain: Toolchain | None = None) -> dict[str, Any]:
+        options = _options(spec)
+        return {
+            # The Python runtime's boundary is the host: inputs are copied to the GPU, outputs back.
+            "input_device": "cpu",
+            "output_device": "cpu",
+            "backend": BACKEND,
+            "data_file": DATA_FILE,
+            "precision": options.precision,
+            "triton_kernels": options.triton_kernels,
+            "delegate_runtime": f"{RUNTIME_PACKAGE}, or an ExecuTorch built with EXECUTORCH_BUILD_CUDA=ON",
+            "delegate_runtime_version": toolchain.tensorrt_executorch_runtime if toolchain else None,
+            "executorch": toolchain.executorch if toolchain else None,
+            "cuda_channel": toolchain.cuda_channel if toolchain else None,
+            "gpu": toolchain.gpus[0].name if toolchain and toolchain.gpus else None,
+        }
+
+    def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
+        return gpu_memory_limit(stage, requested_mib)

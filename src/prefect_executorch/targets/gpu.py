@@ -1,0 +1,108 @@
+"""What the GPU targets share: the platform they build on, how their children are bounded, the eager
+reference on CUDA, and the ExecuTorch runtime that has their delegates."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Literal
+
+from prefect_executorch.errors import ToolchainMismatch
+from prefect_executorch.isolation import MemoryLimit
+from prefect_executorch.toolchain import channel_cuda_major
+from prefect_executorch.versions import minor_version
+
+if TYPE_CHECKING:
+    from prefect_executorch.toolchain import Toolchain
+
+#: A runtime wheel of ExecuTorch 1.4.1 with TensorRTBackend, CudaBackend and XnnpackBackend built in; a
+#: separate distribution, not part of torch-tensorrt.
+RUNTIME_PACKAGE = "torch-tensorrt-executorch-runtime"
+RUNTIME_MODULE = "torch_tensorrt_executorch_runtime"
+SUPPORTED_ARCHES = ("x86_64", "aarch64")
+#: Resident-memory bounds of GPU children when the spec sets none (MiB; None: unbounded). Export
+#: compiles (engines, kernels) and may need the host's memory; validation holds one program and the model.
+GPU_MEMORY_DEFAULTS_MIB: dict[str, int | None] = {"export": None, "validate": 32768}
+
+
+def gpu_memory_limit(stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
+    """The bound of a GPU build's ``stage`` child: the spec's value, else the GPU default, on resident memory.
+
+    CUDA reserves huge virtual ranges: an address-space limit (even 16 GiB) makes ``cudaGetDeviceCount``
+    fail, so children that initialise CUDA are bounded by resident memory instead.
+    """
+    mib = requested_mib if requested_mib is not None else GPU_MEMORY_DEFAULTS_MIB[stage]
+    return MemoryLimit(mib=mib, kind="resident") if mib is not None else None
+
+
+def platform_problems(toolchain: Toolchain, install: str, target: str) -> list[str]:
+    """What keeps this machine from building any GPU target: OS/arch, a CPU or CUDA 12 torch, no GPU."""
+    problems = []
+    if toolchain.os != "Linux" or toolchain.arch not in SUPPORTED_ARCHES:
+        problems.append(f"target {target!r} runs on Linux x86_64 or aarch64; this worker is {toolchain.os} {toolchain.arch}")
+    major = channel_cuda_major(toolchain.cuda_channel)
+    if toolchain.cuda_version is None:
+        problems.append(f"torch {toolchain.torch} is a CPU build; install its CUDA 13 build with: {install}")
+    elif major is not None and major < 13:
+        problems.append(
+            f"torch {toolchain.torch} is a CUDA {toolchain.cuda_version} build ({toolchain.cuda_channel}); CUDA 12 "
+            f"is not supported (the delegate runtimes link CUDA 13); install a CUDA 13 channel with: {install}"
+        )
+    if not toolchain.cuda_available or not toolchain.gpus:
+        problems.append("no NVIDIA GPU is visible to torch (torch.cuda.is_available() is False); run on a GPU worker")
+    return problems
+
+
+def cuda_backend_problems(toolchain: Toolchain, field: str, alternative: str) -> list[str]:
+    """What ExecuTorch's CUDA backend needs at export: nvcc (Inductor packs every kernel with the toolkit) and triton.
+
+    ``field`` names the spec field that asked for the backend, ``alternative`` what to do instead.
+    """
+    problems = []
+    nvcc_minor = minor_version(toolchain.nvcc_version)
+    if toolchain.nvcc is None:
+        problems.append(
+            f"{field}: ExecuTorch's CUDA backend packs each compiled kernel (SASS and PTX) with the CUDA toolkit's "
+            f"nvcc/fatbinary at export time, and nvcc is not on PATH (nor in $CUDA_HOME/bin); install the CUDA 13 "
+            f"toolkit or {alternative}"
+        )
+    elif nvcc_minor is not None and nvcc_minor[0] != 13:
+        problems.append(f"{field}: nvcc {toolchain.nvcc_version} at {toolchain.nvcc} is not CUDA 13; put a CUDA 13 "
+                        "toolkit's nvcc first on PATH")
+    if toolchain.triton is None:
+        problems.append(f"{field}: the CUDA backend imports triton, which is not installed (torch's CUDA wheels bring "
+                        "it): install torch from its CUDA channel")
+    return problems
+
+
+def configure_eager_cuda() -> None:
+    """Turn TF32 off for eager CUDA: FP32 programs are built without it, so the reference must match."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def activate_runtime_wheel(backend: str, required: bool, hint: str, fix: str) -> bool:
+    """Put the runtime wheel's ExecuTorch runtime in this process, before anything loads the stock one.
+
+    The 0.1.0 wheel registers nothing on import: its ``activate()`` swaps in a runtime with the
+    delegates built in, and refuses if ExecuTorch's stock runtime was imported first. Returns whether
+    the wheel is installed; without it, ``required`` raises ``ToolchainMismatch`` with ``hint``, else
+    the stock runtime (a CUDA build of ExecuTorch) is left to serve ``backend``. ``fix`` is the install line.
+    """
+    try:
+        module = importlib.import_module(RUNTIME_MODULE)
+    except ImportError as exc:
+        if required:
+            raise ToolchainMismatch(f"{hint} ({exc})") from None
+        return False
+    activate = getattr(module, "activate", None)
+    if callable(activate):
+        try:
+            activate()
+        except ImportError as exc:  # the wheel's DelegateCompatibilityError is an ImportError
+            raise ToolchainMismatch(
+                f"{RUNTIME_PACKAGE} is installed but cannot register {backend} ({type(exc).__name__}: {exc}); "
+                f"torch, executorch, torch-tensorrt and the runtime must come from one channel: {fix}"
+            ) from None
+    return True
