@@ -1,0 +1,237 @@
+"""The ``cuda`` target without a GPU: its options against the real CudaBackend source, its refusals on machines
+that cannot build it, its compat key, its attention rule on real exported graphs, and the forkserver that its
+children fork from. What runs on the GPU is tests/test_cuda_gpu.py."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from prefect_executorch.compat import fit, parse_compat
+from prefect_executorch.errors import ExportFailed, SpecError, ToolchainMismatch
+from prefect_executorch.isolation import FORKSERVER_ENV, PRELOAD
+from prefect_executorch.placement import MatrixCell
+from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.targets import get_target
+from prefect_executorch.targets.cuda import attention_dtypes, compile_specs, in_precision, triton_choice
+from prefect_executorch.targets.options import CudaOptions
+from prefect_executorch.toolchain import GpuInfo, Toolchain, probe
+
+from helpers import MODELS
+from models import mlp
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TARGET = get_target("cuda")
+
+
+def cuda_spec(factory: str = "mlp", shape: list[int] | None = None, **target: Any) -> BuildSpec:
+    return parse_spec({"name": "m", "version": "1", "model": f"{MODELS}:{factory}", "target": {"kind": "cuda", **target},
+                       "methods": {"forward": {"inputs": [{"name": "x", "shape": shape or [2, 32]}]}}})
+
+
+@pytest.fixture(scope="module")
+def h200() -> Toolchain:
+    """The H200 with the stack ../shared/gpu/stage installs: torch 2.14 cu130, ExecuTorch 1.4.1, the runtime wheel."""
+    return Toolchain.model_validate_json((FIXTURES / "hostprobe_h200.json").read_text()).model_copy(update={
+        "torch": "2.14.0+cu130", "executorch": "1.4.1", "executorch_cuda": False, "tensorrt_executorch_runtime": "0.1.0",
+        "triton": "3.8.0", "runtime_backends": ["CudaBackend", "TensorRTBackend", "XnnpackBackend"],
+    })
+
+
+# ---------------------------------------------------------------- the options, checked against CudaBackend's source
+
+def _backend_keys() -> dict[str, set[str] | None]:
+    """Compile-spec keys CudaBackend (1.4.1) reads, from its source: key -> accepted values (None: any)."""
+    found = importlib.util.find_spec("executorch.backends.cuda.cuda_backend")
+    assert found is not None and found.origin is not None
+    tree = ast.parse(Path(found.origin).read_text())
+    keys: dict[str, set[str] | None] = {}
+    for node in ast.walk(tree):
+        # `spec.key == "low_memory_mode"` and the keys of `bool_compile_options = {"max_autotune": ...}`
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "key":
+            keys.update({c.value: None for c in node.comparators if isinstance(c, ast.Constant)})
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "bool_compile_options"
+                                                for t in node.targets):
+            assert isinstance(node.value, ast.Dict)
+            keys.update({k.value: {"ON", "OFF"} for k in node.value.keys if isinstance(k, ast.Constant)})
+    for mode in ("triton_kernel_mode", "low_memory_mode"):  # each compares its value with "ON"/"OFF"
+        keys[mode] = {"ON", "OFF"}
+    return keys
+
+
+@pytest.mark.parametrize("options", [{}, {"max_autotune": False}, {"low_memory": True}, {"triton_kernels": "off"}])
+@pytest.mark.parametrize("triton", [True, False])
+def test_every_compile_spec_is_one_the_backend_reads(options: dict[str, Any], triton: bool) -> None:
+    read = _backend_keys()
+    assert {"max_autotune", "triton_kernel_mode", "low_memory_mode"} <= set(read)  # the source still reads them
+    specs = compile_specs(CudaOptions(**options), "encode", triton)
+    assert specs[0] == ("method_name", "encode")  # what CudaBackend.generate_method_name_compile_spec makes
+    for key, value in specs[1:]:
+        assert key in read, f"CudaBackend does not read {key!r}"
+        accepted = read[key]
+        assert accepted is None or value in accepted, (key, value)
+    assert dict(specs)["triton_kernel_mode"] == ("ON" if triton else "OFF")
+    assert ("low_memory_mode", "ON") in specs if options.get("low_memory") else "low_memory_mode" not in dict(specs)
+
+
+def test_the_method_name_spec_is_what_the_backend_generates() -> None:
+    # generate_method_name_compile_spec's body: CompileSpec(COMPILE_SPEC_KEYS.METHOD_NAME.value, name.encode()).
+    found = importlib.util.find_spec("executorch.backends.aoti.aoti_backend")
+    assert found is not None and found.origin is not None
+    source = Path(found.origin).read_text()
+    assert 'METHOD_NAME = "method_name"' in source and "method_name.encode(\"utf-8\")" in source
+
+
+def test_options_are_strict() -> None:
+    with pytest.raises(SpecError, match="triton_kernels"):
+        cuda_spec(triton_kernels="sometimes")
+    with pytest.raises(SpecError, match="precision"):
+        cuda_spec(precision="fp8")
+    with pytest.raises(SpecError, match="autotune"):
+        cuda_spec(autotune=True)
+
+
+# ---------------------------------------------------------------- refusals before export
+
+def test_this_cpu_machine_is_refused_before_export_naming_what_is_missing() -> None:
+    here = probe()
+    if here.cuda_available:
+        pytest.skip("a CUDA GPU is visible here: tests/test_cuda_gpu.py builds for real")
+    with pytest.raises(ToolchainMismatch) as info:
+        TARGET.check(cuda_spec(), here)
+    message = str(info.value)
+    assert message.startswith("this worker cannot build target cuda (")
+    assert f"torch {here.torch} is a CPU build" in message and "no NVIDIA GPU is visible" in message
+    assert 'pip install "prefect-executorch[cuda]" --extra-index-url https://download.pytorch.org/whl/cu130' in message
+
+
+def test_the_h200_with_the_staged_stack_can_build_it(h200: Toolchain) -> None:
+    assert TARGET.check(cuda_spec(), h200) == []
+    assert "changes nothing" in TARGET.check(cuda_spec().model_copy(update={"external_weights": True}), h200)[0]
+
+
+@pytest.mark.parametrize("update, words", [
+    ({"runtime_backends": ["XnnpackBackend"]},
+     "runtime has no CudaBackend (it registers XnnpackBackend), so the program could not be validated here; install "
+     'the runtime wheel with: pip install "torch-tensorrt-executorch-runtime==0.1.0" "executorch==1.4.1"'),
+    ({"nvcc": None, "nvcc_version": None}, "nvcc is not on PATH"),
+    ({"nvcc_version": "12.8"}, "nvcc 12.8 at /usr/local/cuda/bin/nvcc is not CUDA 13"),
+    ({"triton": None}, "imports triton"),
+    ({"executorch": None, "runtime_backends": None}, "executorch is not installed"),
+    ({"torch": "2.14.0+cu128", "cuda_version": "12.8", "cuda_channel": "cu128"}, "CUDA 12 is not supported"),
+    ({"arch": "armv7l"}, "runs on Linux x86_64 or aarch64; this worker is Linux armv7l"),
+])
+def test_toolchain_refusals(h200: Toolchain, update: dict[str, Any], words: str) -> None:
+    with pytest.raises(ToolchainMismatch) as info:
+        TARGET.check(cuda_spec(), h200.model_copy(update=update))
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("scheme", ["int8-dynamic", "int8da4w", "int8"])
+def test_quantized_builds_are_refused_with_the_precision_to_use(h200: Toolchain, scheme: str) -> None:
+    spec = parse_spec({"name": "m", "version": "1", "model": f"{MODELS}:mlp", "target": "cuda",
+                       "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}},
+                       "quantization": {"scheme": scheme}})
+    with pytest.raises(SpecError, match="target 'cuda' cannot build .*use target.precision: bf16"):
+        TARGET.check(spec, h200)
+
+
+def test_a_matrix_cell_of_target_cuda_needs_a_cuda_channel() -> None:
+    with pytest.raises(ValueError, match="target 'cuda' needs a CUDA channel"):
+        MatrixCell.model_validate({"target": "cuda"})
+    cell = MatrixCell.model_validate({"target": "cuda", "placement": {"channel": "cu130", "sm": "sm90"}})
+    assert (cell.placement.pool, cell.placement.queue, cell.label) == ("gpu-cu130", "sm90", "cuda@cu130-sm90")
+
+
+# ---------------------------------------------------------------- where the bundle runs
+
+def test_the_compat_key_names_channel_and_exact_sm_and_no_tensorrt(h200: Toolchain) -> None:
+    key = TARGET.compat(cuda_spec(), h200)
+    assert key == "cu130-sm90-cuda-x86_64"
+    parsed = parse_compat(key)
+    assert (parsed.kind, parsed.backend, parsed.sm, parsed.sm_or_newer, parsed.tensorrt) == ("gpu", "cuda", 90, False, None)
+    assert fit(key, h200).ok  # no TensorRT needed
+    b200 = h200.model_copy(update={"gpus": [GpuInfo(index=0, name="B200", sm="sm100", total_memory_mib=180000)]})
+    assert fit(key, b200).reason == "kernels built for sm90, this GPU is sm100"
+    assert fit(key, h200.model_copy(update={"cuda_channel": "cu132"})).reason == "needs CUDA channel cu130, this machine has cu132"
+    cpu = h200.model_copy(update={"cuda_channel": None, "gpus": [], "cuda_available": False})
+    assert not fit(key, cpu).ok
+    with pytest.raises(ToolchainMismatch, match="compat key of a CUDA bundle cannot be built"):
+        TARGET.compat(cuda_spec(), cpu)
+
+
+# ---------------------------------------------------------------- attention and precision on real exported graphs
+
+class Attention(torch.nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_float32_attention_turns_the_triton_kernels_off_with_a_note() -> None:
+    q = torch.randn(1, 2, 8, 16)
+    program = torch.export.export(Attention(), (q, q, q))
+    assert attention_dtypes(program) == {"float32"}
+    triton, note = triton_choice(CudaOptions(), "forward", program)
+    assert not triton and note is not None and "takes bfloat16 only" in note and "precision: bf16" in note
+    with pytest.raises(ExportFailed, match="attention runs in float32 .* target.triton_kernels: auto"):
+        triton_choice(CudaOptions(triton_kernels="on"), "forward", program)
+    assert triton_choice(CudaOptions(triton_kernels="off"), "forward", program) == (False, None)
+
+
+def test_bf16_precision_runs_attention_in_bfloat16_behind_float32_inputs_and_outputs() -> None:
+    q = torch.randn(1, 2, 8, 16)
+    wrapped = in_precision(Attention(), torch.bfloat16)
+    program = torch.export.export(wrapped, (q, q, q))
+    assert attention_dtypes(program) == {"bfloat16"}
+    assert triton_choice(CudaOptions(precision="bf16"), "forward", program) == (True, None)
+    out = wrapped(q, q, q)
+    assert out.dtype == torch.float32
+    reference = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert 0 < float((out - reference).abs().max()) < 5e-2  # computed in bf16, returned in fp32
+
+
+def test_a_model_without_attention_keeps_the_triton_kernels() -> None:
+    program = torch.export.export(mlp(), (torch.randn(2, 32),))
+    assert attention_dtypes(program) == set()
+    assert triton_choice(CudaOptions(), "forward", program) == (True, None)
+
+
+# ---------------------------------------------------------------- the forkserver its children fork from
+
+def test_the_forkserver_preload_makes_no_fork_poisoning_cuda_call() -> None:
+    # A child forked from a process that asked the CUDA runtime anything fails "Cannot re-initialize CUDA in forked
+    # subprocess". torch.cuda.is_available() asks it (cudaGetDeviceCount) unless PYTORCH_NVML_BASED_CUDA_CHECK=1,
+    # and CUDA's initialisation always does. The script counts both kinds of call the preload makes.
+    script = (
+        "import json, os, torch, torch.cuda, importlib\n"
+        "calls = []\n"
+        "def counted(name, call, poisons):\n"
+        "    def run(*args, **kwargs):\n"
+        "        if poisons():\n            calls.append(name)\n"
+        "        return call(*args, **kwargs)\n"
+        "    return run\n"
+        "torch.cuda.is_available = counted('is_available', torch.cuda.is_available,\n"
+        "                                  lambda: os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK') != '1')\n"
+        "torch.cuda._lazy_init = counted('_lazy_init', torch.cuda._lazy_init, lambda: True)\n"
+        f"for name in {PRELOAD!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(calls))\n"
+    )
+
+    def calls(env: dict[str, str]) -> list[str]:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    assert "is_available" in calls({"PYTORCH_NVML_BASED_CUDA_CHECK": "0"}), "the preload no longer asks CUDA: drop FORKSERVER_ENV"
+    assert calls(FORKSERVER_ENV) == []
