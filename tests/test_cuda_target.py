@@ -18,16 +18,17 @@ import torch
 
 from prefect_executorch.compat import fit, parse_compat
 from prefect_executorch.errors import ExportFailed, SpecError, ToolchainMismatch
+from prefect_executorch.inputs import dynamic_shapes, example_inputs
 from prefect_executorch.isolation import FORKSERVER_ENV, PRELOAD
 from prefect_executorch.placement import MatrixCell
-from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.spec import BuildSpec, InputSpec, MethodSpec, parse_spec
 from prefect_executorch.targets import get_target
-from prefect_executorch.targets.cuda import attention_dtypes, compile_specs, in_precision, triton_choice
+from prefect_executorch.targets.cuda import attention_dtypes, compile_specs, for_precision, in_precision, triton_choice
 from prefect_executorch.targets.options import CudaOptions
 from prefect_executorch.toolchain import GpuInfo, Toolchain, probe
 
 from helpers import MODELS
-from models import mlp
+from models import mlp, tiny_bert
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TARGET = get_target("cuda")
@@ -197,6 +198,16 @@ def test_bf16_precision_runs_attention_in_bfloat16_behind_float32_inputs_and_out
     assert out.dtype == torch.float32
     reference = torch.nn.functional.scaled_dot_product_attention(q, q, q)
     assert 0 < float((out - reference).abs().max()) < 5e-2  # computed in bf16, returned in fp32
+
+
+@pytest.mark.parametrize("precision, attention", [("fp32", {"float32"}), ("bf16", {"bfloat16"})])
+def test_a_transformers_bert_exports_behind_its_dynamic_sequence_in_each_precision(precision: str,
+                                                                                  attention: set[str]) -> None:
+    method = MethodSpec(inputs=[InputSpec(name="ids", shape=[1, 8], dtype="int64", high=64,
+                                          dynamic={1: {"min": 2, "max": 16}})])
+    module, shapes = for_precision(tiny_bert(), dynamic_shapes(method), precision)
+    program = torch.export.export(module, example_inputs(method, seed=0), dynamic_shapes=shapes)
+    assert attention_dtypes(program) == attention
 
 
 def test_a_model_without_attention_keeps_the_triton_kernels() -> None:

@@ -109,6 +109,17 @@ def in_precision(inner: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return InPrecision()
 
 
+def for_precision(module: torch.nn.Module, dynamic_shapes: Any, precision: str) -> tuple[torch.nn.Module, Any]:
+    """The module to export for ``precision``, and the dynamic shapes that fit its ``forward``."""
+    import torch
+
+    dtype = LOW_PRECISION.get(precision)
+    if dtype is None:
+        return module, dynamic_shapes
+    # The wrapper's forward takes ``*args``: torch.export matches dynamic shapes to that one tuple.
+    return in_precision(module, getattr(torch, dtype)), None if dynamic_shapes is None else (dynamic_shapes,)
+
+
 def _toolchain_problems(toolchain: Toolchain) -> list[str]:
     problems = platform_problems(toolchain, INSTALL, "cuda")
     if toolchain.executorch is None:
@@ -153,11 +164,7 @@ class CudaTarget(Target):
     def export_method(
         self, module: torch.nn.Module, args: tuple[Any, ...], dynamic_shapes: Any, spec: BuildSpec
     ) -> ExportedProgram:
-        import torch
-
-        precision = LOW_PRECISION.get(_options(spec).precision)
-        if precision is not None:
-            module = in_precision(module, getattr(torch, precision))
+        module, dynamic_shapes = for_precision(module, dynamic_shapes, _options(spec).precision)
         # Inductor compiles for the device the program was exported on.
         return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
 

@@ -1,0 +1,244 @@
+"""Real ``cuda`` builds: ExecuTorch's CUDA backend exports, runs on the GPU and is checked against eager CUDA.
+
+Run on an NVIDIA GPU worker with the GPU stack (docs/cuda.md; on an offline host, ../shared/gpu/stage):
+
+    python -m pytest -m "cuda or tensorrt" -ra
+
+Elsewhere every test is skipped with the target's own refusal of this machine. The record of a run on an
+H200 is tests/fixtures/junit-cuda-h200.xml.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from prefect_executorch.artifacts.signing import SIGNATURE_FILE
+from prefect_executorch.bundled import BUNDLED_FILE, BundledMethod, verify_bundled
+from prefect_executorch.errors import ToolchainMismatch, ValidationFailed
+from prefect_executorch.exporter import ExportedProgramDir, export_program
+from prefect_executorch.report import ValidationReport
+from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.targets import get_target
+from prefect_executorch.targets.cuda import DATA_FILE
+from prefect_executorch.toolchain import Toolchain, probe
+from prefect_executorch.validator import require_passed, validate_program
+
+from helpers import MODELS
+
+pytestmark = pytest.mark.cuda
+TARGET = get_target("cuda")
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+BATCH = {0: {"min": 1, "max": 8, "name": "batch"}}
+#: Autotuning (the backend's default) makes each export minutes long; the demo build keeps it.
+FAST = {"max_autotune": False}
+
+
+def spec_of(factory: str, methods: dict[str, Any], validation: dict[str, Any] | None = None, **target: Any) -> BuildSpec:
+    return parse_spec({"name": factory.replace("_", "-"), "version": "1", "model": f"{MODELS}:{factory}",
+                       "methods": methods, "target": {"kind": "cuda", **FAST, **target},
+                       "validation": {"samples": 2, **(validation or {})}})
+
+
+@pytest.fixture(scope="module")
+def gpu() -> Toolchain:
+    """This machine's probe; skips the module with the target's refusal where it cannot build target cuda."""
+    found = probe()
+    try:
+        TARGET.check(spec_of("mlp", {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}), found)
+    except ToolchainMismatch as exc:
+        pytest.skip(str(exc).replace("\n", " "))
+    return found
+
+
+Built = tuple[BuildSpec, ExportedProgramDir, ValidationReport]
+
+
+@pytest.fixture(scope="module")
+def build(gpu: Toolchain, tmp_path_factory: pytest.TempPathFactory) -> Callable[[BuildSpec], Built]:
+    """Export and validate a spec (each once per module), writing the bundled cases."""
+    done: dict[str, Built] = {}
+
+    def run(spec: BuildSpec) -> Built:
+        key = spec.canonical_json()
+        if key not in done:
+            root = tmp_path_factory.mktemp(spec.name)
+            exported = export_program(spec, root)
+            report = validate_program(spec, exported.path, exported.data_files, scratch_dir=root,
+                                      delegation=exported.delegation, bundled_out=exported.path / BUNDLED_FILE)
+            done[key] = (spec, exported, report)
+        return done[key]
+
+    return run
+
+
+def _max_error(report: ValidationReport) -> float:
+    return max(out.max_abs for case in report.cases for out in case.outputs)
+
+
+def test_every_method_of_a_two_method_model_runs_in_the_cuda_backend(build: Callable[[BuildSpec], Built]) -> None:
+    spec, exported, report = build(spec_of("mlp", {"forward": {"inputs": [{"name": "x", "shape": [4, 32]}]},
+                                                   "encode": {"inputs": [{"name": "x", "shape": [4, 32]}]}}))
+    require_passed(report)
+    assert exported.data_files == [DATA_FILE] and report.used_data_file
+    assert exported.delegates() == {"forward": ["CudaBackend"], "encode": ["CudaBackend"]}
+    assert {name: facts.fraction for name, facts in exported.delegation.items()} == {"forward": 1.0, "encode": 1.0}
+    assert {case.method for case in report.cases} == {"forward", "encode"}
+    assert _max_error(report) < 1e-5, report.cases
+    assert all(result.synchronized for result in report.latency)  # eager CUDA timed to completion
+
+
+def test_one_program_runs_every_batch_of_a_dynamic_dim(build: Callable[[BuildSpec], Built]) -> None:
+    _, exported, report = build(spec_of("convnet", {"forward": {"inputs": [{"name": "x", "shape": [4, 3, 8, 8],
+                                                                           "dynamic": BATCH}]}}))
+    require_passed(report)
+    shapes = {case.shape_label: case.input_shapes[0][0] for case in report.cases}
+    assert shapes == {"min": 1, "opt": 4, "max": 8}
+    assert exported.methods["forward"].inputs[0] is not None and exported.methods["forward"].inputs[0].dynamic
+
+
+BERT = {"forward": {"inputs": [{"name": "input_ids", "shape": [1, 8], "dtype": "int64", "high": 64,
+                                "dynamic": {1: {"min": 2, "max": 16}}}]}}
+
+
+def test_a_float32_bert_builds_with_attention_outside_the_triton_kernels(build: Callable[[BuildSpec], Built]) -> None:
+    _, exported, report = build(spec_of("tiny_bert", BERT))
+    require_passed(report)
+    assert any("attention in float32" in note and "takes bfloat16 only" in note for note in exported.warnings)
+    assert _max_error(report) < 1e-4
+
+
+def test_a_bf16_bert_uses_the_triton_attention(build: Callable[[BuildSpec], Built]) -> None:
+    _, exported, report = build(spec_of("tiny_bert", BERT, precision="bf16"))
+    require_passed(report)
+    assert exported.warnings == []  # attention runs in bfloat16: the backend's Triton kernel takes it
+    assert all(out.atol == pytest.approx(1.6e-2) for case in report.cases for out in case.outputs)  # bf16 tolerances
+
+
+def test_fp16_passes_its_tolerances_and_fails_tighter_ones_naming_the_output(
+        build: Callable[[BuildSpec], Built], tmp_path: Path) -> None:
+    methods = {"forward": {"inputs": [{"name": "x", "shape": [4, 32]}]}}
+    spec, exported, report = build(spec_of("mlp", methods, precision="fp16"))
+    require_passed(report)
+    assert 0 < _max_error(report) < 5e-3  # computed in half precision
+    strict = spec_of("mlp", methods, {"atol": 1e-7, "rtol": 0.0}, precision="fp16")
+    failed = validate_program(strict, exported.path, exported.data_files, scratch_dir=tmp_path)
+    with pytest.raises(ValidationFailed, match="validation cases failed; worst: forward"):
+        require_passed(failed)
+
+
+def _fatbin_images(pte: Path, tmp_path: Path) -> list[Path]:
+    """The CUDA fat binaries AOTInductor embedded in the program's kernel library, each as a file for cuobjdump."""
+    data = pte.read_bytes()
+    images, start = [], data.find(b"\x50\xed\x55\xba")
+    while start != -1:
+        header_size = int.from_bytes(data[start + 6:start + 8], "little")
+        size = int.from_bytes(data[start + 8:start + 16], "little")
+        image = tmp_path / f"kernel{len(images)}.fatbin"
+        image.write_bytes(data[start:start + header_size + size])
+        images.append(image)
+        start = data.find(b"\x50\xed\x55\xba", start + header_size + size)
+    return images
+
+
+def test_the_kernels_carry_code_for_this_gpus_arch_only(build: Callable[[BuildSpec], Built], gpu: Toolchain,
+                                                        tmp_path: Path) -> None:
+    cuobjdump = shutil.which("cuobjdump") or (str(Path(gpu.nvcc).parent / "cuobjdump") if gpu.nvcc else None)
+    if cuobjdump is None or not Path(cuobjdump).exists():
+        pytest.skip("no cuobjdump (the CUDA toolkit's) on this machine to read the kernels with")
+    _, exported, _ = build(spec_of("mlp", {"forward": {"inputs": [{"name": "x", "shape": [4, 32]}]}}))
+    images = _fatbin_images(exported.path / exported.program, tmp_path)
+    assert images, "no fat binary found in the program's kernel library"
+    listed = [subprocess.run([cuobjdump, "-lelf", "-lptx", str(image)], capture_output=True, text=True, timeout=60)
+              for image in images]
+    kinds = {line.split(":")[-1].strip().rsplit(".", 2)[-2] + ":" + line.split()[0]
+             for result in listed for line in result.stdout.splitlines() if line.startswith(("ELF", "PTX"))}
+    print("kernel images:", sorted(kinds))
+    arch = gpu.sm.removeprefix("sm") if gpu.sm else "?"
+    # SASS for exactly this GPU, and PTX of the same arch-specific target, which no other arch can JIT.
+    assert kinds and all(kind.split(":")[0] in (f"sm_{arch}", f"sm_{arch}a") for kind in kinds), kinds
+    assert TARGET.compat(spec_of("mlp", {}), gpu) == f"{gpu.cuda_channel}-sm{arch}-cuda-{gpu.arch}"
+
+
+def test_the_bundled_cases_run_on_the_gpu_and_a_crash_there_fails_the_check_not_this_process(
+        build: Callable[[BuildSpec], Built], tmp_path: Path) -> None:
+    import torch
+
+    mlp_spec, mlp, mlp_report = build(spec_of("mlp", {"forward": {"inputs": [{"name": "x", "shape": [4, 32]}]}}))
+    _, convnet, _ = build(spec_of("convnet", {"forward": {"inputs": [{"name": "x", "shape": [4, 3, 8, 8],
+                                                                     "dynamic": BATCH}]}}))
+    methods = {"forward": BundledMethod(cases=[f"{c.shape_label}[{c.sample}]" for c in mlp_report.cases],
+                                        atol=1e-4, rtol=1e-4)}
+    check = verify_bundled(mlp.path, "cuda", mlp.data_files, methods, scratch_dir=tmp_path)
+    assert [result.error for result in check.results] == [None] * len(mlp_report.cases)
+    # The program with another model's weights blob: the runtime fails or crashes in the child.
+    swapped = tmp_path / "swapped"
+    shutil.copytree(mlp.path, swapped)
+    shutil.copy(convnet.path / DATA_FILE, swapped / DATA_FILE)
+    try:
+        bad = verify_bundled(swapped, "cuda", mlp.data_files, methods, scratch_dir=tmp_path)
+    except ValidationFailed as exc:
+        print("swapped weights:", str(exc).splitlines()[0])
+    else:
+        assert bad.failures, "another model's weights reproduced this model's outputs"
+    # This process, and its CUDA context, are untouched: the same check passes again.
+    assert float(torch.ones(4, device="cuda").sum()) == 4.0
+    again = verify_bundled(mlp.path, "cuda", mlp.data_files, methods, scratch_dir=tmp_path)
+    assert not again.failures
+
+
+def _key_pair(directory: Path) -> tuple[Path, Path]:
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = directory / "bundle.pem", directory / "bundle.pub"
+    private.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    return private, public
+
+
+def test_the_demo_spec_builds_signs_verifies_and_promotes_side_by_side_through_the_cli(
+        gpu: Toolchain, tmp_path: Path) -> None:
+    demo = yaml.safe_load((ROOT / "examples" / "convnet" / "spec.yaml").read_text())
+    shutil.copy(ROOT / "examples" / "convnet" / "model.py", tmp_path / "model.py")
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump({**demo, "target": "cuda"}))
+    (tmp_path / "next.yaml").write_text(yaml.safe_dump({**demo, "version": "1.0.1", "target": {"kind": "cuda", **FAST}}))
+    private, public = _key_pair(tmp_path)
+    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"),
+           "PREFECT_EXECUTORCH_SIGNING_KEY": str(private), "PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY": str(public)}
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
+        print(f"$ prefect-executorch {' '.join(args)}\n{done.stdout}{done.stderr}")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return " ".join((done.stdout + done.stderr).split())
+
+    compat = f"{gpu.cuda_channel}-{gpu.sm}-cuda-{gpu.arch}"
+    built = cli("build", "spec.yaml")
+    assert f"small-convnet/1.0.0/cuda/{compat}" in built
+    bundle = tmp_path / "store" / "small-convnet" / "1.0.0" / "cuda" / compat
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["data_files"] == [DATA_FILE] and manifest["validation"]["passed"]
+    assert manifest["methods"]["forward"]["delegates"] == ["CudaBackend"]
+    assert manifest["bundled"]["file"] == BUNDLED_FILE
+    assert any(path.name.startswith(SIGNATURE_FILE) for path in bundle.iterdir()), sorted(bundle.iterdir())
+    pulled = cli("pull", "small-convnet", "--version", "1.0.0", "--to", "pulled", "--verify")
+    assert "its bundled cases pass on this machine" in pulled
+    assert "bundled cases pass on this machine" in cli("verify", "pulled")
+    cli("promote", "small-convnet", "1.0.0", "--alias", "staging")
+    cli("build", "next.yaml")
+    # Side by side on this GPU: the candidate's outputs and latency beside the alias's bundle. Sub-millisecond
+    # GPU latencies move by more than the default 10% between runs; the outputs must still agree.
+    promoted = cli("promote", "small-convnet", "1.0.1", "--alias", "staging", "--max-latency-regression", "1.0")
+    assert "1.0.1" in promoted
