@@ -112,7 +112,8 @@ def test_this_cpu_machine_is_refused_before_export_naming_what_is_missing() -> N
     message = str(info.value)
     assert message.startswith("this worker cannot build target cuda (")
     assert f"torch {here.torch} is a CPU build" in message and "no NVIDIA GPU is visible" in message
-    assert 'pip install "prefect-executorch[cuda]" --extra-index-url https://download.pytorch.org/whl/cu130' in message
+    assert ('pip install "prefect-executorch[cuda]" --extra-index-url https://download.pytorch.org/whl/cu130 '
+            "--extra-index-url https://pypi.nvidia.com") in message
 
 
 def test_the_h200_with_the_staged_stack_can_build_it(h200: Toolchain) -> None:
@@ -123,7 +124,7 @@ def test_the_h200_with_the_staged_stack_can_build_it(h200: Toolchain) -> None:
 @pytest.mark.parametrize("update, words", [
     ({"runtime_backends": ["XnnpackBackend"]},
      "runtime has no CudaBackend (it registers XnnpackBackend), so the program could not be validated here; install "
-     'the runtime wheel with: pip install "torch-tensorrt-executorch-runtime==0.1.0" "executorch==1.4.1"'),
+     'the runtime wheel with: pip install "prefect-executorch[cuda]"'),
     ({"nvcc": None, "nvcc_version": None}, "nvcc is not on PATH"),
     ({"nvcc_version": "12.8"}, "nvcc 12.8 at /usr/local/cuda/bin/nvcc is not CUDA 13"),
     ({"triton": None}, "imports triton"),
@@ -246,3 +247,24 @@ def test_the_forkserver_preload_makes_no_fork_poisoning_cuda_call() -> None:
 
     assert "is_available" in calls({"PYTORCH_NVML_BASED_CUDA_CHECK": "0"}), "the preload no longer asks CUDA: drop FORKSERVER_ENV"
     assert calls(FORKSERVER_ENV) == []
+
+
+def test_the_cuda_extra_admits_what_the_runtime_wheel_requires() -> None:
+    import tomllib
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    from wheels import DELEGATE_RUNTIME, download_wheel
+
+    extra = {Requirement(r).name: Requirement(r) for r in
+             tomllib.loads((FIXTURES.parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]["cuda"]}
+    with zipfile.ZipFile(download_wheel(DELEGATE_RUNTIME)) as wheel:
+        metadata = next(wheel.read(n).decode() for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    required = {r.name: r for r in (Requirement(line.split(":", 1)[1]) for line in metadata.splitlines()
+                                    if line.startswith("Requires-Dist:"))}
+    assert extra["executorch"].specifier.contains(next(iter(required["executorch"].specifier)).version)
+    assert all(extra["torch"].specifier.contains(v) == required["torch"].specifier.contains(v)
+               for v in ("2.13.9", "2.14.0", "2.14.5", "2.15.0"))
+    assert extra["torch-tensorrt-executorch-runtime"].specifier.contains(DELEGATE_RUNTIME.split("==")[1])
+    assert "tensorrt-cu13" in required  # why the install line names NVIDIA's index

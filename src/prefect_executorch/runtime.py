@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 #: What registers each delegate that ExecuTorch's CPU wheel does not have built in.
 BACKEND_PACKAGES = {
     "TensorRTBackend": "torch-tensorrt-executorch-runtime",
-    "CudaBackend": "torch-tensorrt-executorch-runtime==0.1.0 (or an ExecuTorch built with EXECUTORCH_BUILD_CUDA=ON)",
+    "CudaBackend": "torch-tensorrt-executorch-runtime (prefect-executorch[cuda], docs/cuda.md) or an ExecuTorch built with "
+                   "EXECUTORCH_BUILD_CUDA=ON",
 }
 
 

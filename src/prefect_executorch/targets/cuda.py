@@ -35,10 +35,9 @@ BACKEND = "CudaBackend"
 #: The name the backend gives its external data (``aoti_<device>_blob``): every export needs a fresh directory.
 DATA_FILE = "aoti_cuda_blob.ptd"
 LOW_PRECISION = {"fp16": "float16", "bf16": "bfloat16"}
-#: The release stack: the runtime wheel pins ExecuTorch 1.4.1 and torch 2.14, and brings CudaBackend.
-RUNTIME_RELEASE = f'"{RUNTIME_PACKAGE}==0.1.0" "executorch==1.4.1"'
 INSTALL = ('pip install "prefect-executorch[cuda]" --extra-index-url https://download.pytorch.org/whl/cu130 '
-           "(torch 2.14 cu130, ExecuTorch 1.4.1 and the runtime wheel with CudaBackend)")
+           "--extra-index-url https://pypi.nvidia.com (torch 2.14 cu130, ExecuTorch 1.4.1 and the runtime wheel with "
+           "CudaBackend; docs/cuda.md)")
 
 
 def _options(spec: BuildSpec) -> CudaOptions:
@@ -127,8 +126,8 @@ def _toolchain_problems(toolchain: Toolchain) -> list[str]:
     if toolchain.runtime_backends is not None and BACKEND not in toolchain.runtime_backends:
         problems.append(
             f"this worker's ExecuTorch runtime has no {BACKEND} (it registers {', '.join(toolchain.runtime_backends) or 'none'}), "
-            f"so the program could not be validated here; install the runtime wheel with: pip install {RUNTIME_RELEASE} "
-            "(or an ExecuTorch built with EXECUTORCH_BUILD_CUDA=ON)"
+            f"so the program could not be validated here; install the runtime wheel with: {INSTALL}, or use an ExecuTorch "
+            "built with EXECUTORCH_BUILD_CUDA=ON"
         )
     return problems + cuda_backend_problems(toolchain, "target cuda", "build target xnnpack on this worker")
 
@@ -205,7 +204,7 @@ class CudaTarget(Target):
         configure_eager_cuda()
         # The runtime wheel's runtime has CudaBackend; without the wheel, ExecuTorch's own runtime must be a
         # CUDA build, and LoadedProgram names what to install when it is not.
-        activate_runtime_wheel(BACKEND, False, "", f"pip install {RUNTIME_RELEASE}")
+        activate_runtime_wheel(BACKEND, False, "", INSTALL)
 
     def eager_device(self, spec: BuildSpec) -> str:
         return "cuda"

@@ -1,0 +1,173 @@
+"""GPU latency of the ``cuda`` target: the exported program beside eager CUDA and ``torch.compile``, one run.
+
+Three models (the demo ConvNet, a LayerNorm/GELU MLP, a tiny BERT from a config: benchmarks/gpu_models.py)
+are built with target ``cuda`` through the product (export and validation in their children, the
+backend's default autotuning), then loaded into this process with the runtime that has CudaBackend and
+timed at batch 1 and at the largest batch against the same model in eager CUDA and compiled with
+``torch.compile``, TF32 off on every side (as validation compares them). The sides are timed in
+interleaved rounds (``--rounds``, each ``--calls`` warm calls), every call synchronised; a side's p50 is the
+median of its rounds' p50s (min and max beside it), p95 likewise.
+
+The program runs through ExecuTorch's Python runtime, whose boundary is the host: inputs go in as CPU
+tensors, the backend copies them to the GPU and the outputs back. So "eager CUDA" (inputs and outputs on
+the GPU) is beside "eager + host copies" (the same boundary as the program); their difference is what that
+boundary costs eager, and the program pays it on every call.
+
+The last line is ``RESULT gpu_latency ratio=<worst program p50 / eager CUDA p50 at batch 1> goal=<=1.0``:
+the program must be no slower than eager CUDA at batch 1 for every model (the goal the `cuda` target was
+asked to meet; eager CUDA is the baseline a user would otherwise deploy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import interleaved, report, spread  # noqa: E402
+
+from prefect_executorch.exporter import export_program  # noqa: E402
+from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
+from prefect_executorch.validator import require_passed, validate_program  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+LARGEST = 8
+#: name -> (model reference, the input: shape at batch 1 with the batch as dim 0, dtype, high for ids)
+MODELS: dict[str, tuple[str, list[int], str, int | None]] = {
+    "convnet": (f"{ROOT}/examples/convnet/model.py:build", [1, 3, 32, 32], "float32", None),
+    "mlp": (f"{HERE}/gpu_models.py:mlp", [1, 64, 512], "float32", None),
+    "bert": (f"{HERE}/gpu_models.py:tiny_bert", [1, 32], "int64", 1000),
+}
+
+
+def spec_for(name: str) -> BuildSpec:
+    model, shape, dtype, high = MODELS[name]
+    source = {"name": "x", "shape": [LARGEST, *shape[1:]], "dtype": dtype, "dynamic": {0: {"min": 1, "max": LARGEST}}}
+    return parse_spec({"name": f"gpu-{name}", "version": "1", "model": model, "target": "cuda",
+                       "methods": {"forward": {"inputs": [{**source, **({"high": high} if high else {})}]}},
+                       "validation": {"samples": 1, "latency_runs": 0}})
+
+
+def inputs_for(name: str, batch: int) -> Any:
+    import torch
+
+    _, shape, dtype, high = MODELS[name]
+    generator = torch.Generator().manual_seed(batch)
+    if high is not None:
+        return torch.randint(0, high, (batch, *shape[1:]), generator=generator)
+    return torch.randn(batch, *shape[1:], generator=generator)
+
+
+def percentiles(ms: list[float]) -> tuple[float, float]:
+    ordered = sorted(ms)
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+
+def timed(call: Callable[[], Any], calls: int, warmup: int) -> tuple[float, float]:
+    """p50 and p95 (ms) of ``calls`` synchronised calls after ``warmup``."""
+    import torch
+
+    for _ in range(warmup):
+        call()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - started) * 1000)
+    return percentiles(samples)
+
+
+def measure(name: str, export_dir: Path, data: Path, rounds: int, calls: int) -> dict[str, Any]:
+    """Every side at batch 1 and at the largest batch."""
+    import torch
+
+    from prefect_executorch.modelref import load_model
+    from prefect_executorch.runtime import runtime_extension
+
+    spec = spec_for(name)
+    program = runtime_extension()._load_for_executorch(str(export_dir / "model.pte"), str(data))
+    model = load_model(spec).cuda().eval()
+    started = time.perf_counter()
+    compiled = torch.compile(model)
+    figures: dict[str, Any] = {}
+    with torch.no_grad():
+        for batch in (1, LARGEST):
+            host = inputs_for(name, batch)
+            device = host.cuda()
+            compiled(device)  # compiles (and recompiles per batch): timed apart from the calls
+            figures.setdefault("torch_compile_first_call_s", round(time.perf_counter() - started, 2))
+            sides: dict[str, Callable[[], Any]] = {
+                "program": lambda h=host: program.run_method("forward", (h,)),
+                "eager_cuda": lambda d=device: model(d),
+                "eager_host_copies": lambda h=host: model(h.cuda()).cpu(),
+                "torch_compile": lambda d=device: compiled(d),
+            }
+            check = program.run_method("forward", (host,))[0]
+            error = float((check - model(device).cpu()).abs().max())
+            per_round = interleaved({side: lambda _, c=call: timed(c, calls, warmup=10) for side, call in sides.items()},
+                                    rounds)
+            figures[f"batch{batch}"] = {
+                "max_abs_error_program_vs_eager": error,
+                **{side: {"p50": spread([p50 for p50, _ in values], 4, "ms"),
+                          "p95_median_ms": round(statistics.median(p95 for _, p95 in values), 4)}
+                   for side, values in per_round.items()},
+            }
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    args = parser.parse_args()
+
+    import torch
+
+    from prefect_executorch.targets import get_target
+    from prefect_executorch.toolchain import probe
+
+    toolchain = probe()  # activates the runtime with CudaBackend in this process, before anything loads another
+    get_target("cuda").runtime_setup()  # TF32 off for eager and torch.compile, as validation compares
+    figures: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0), "driver": toolchain.driver_version, "torch": torch.__version__,
+        "executorch": toolchain.executorch, "runtime": toolchain.tensorrt_executorch_runtime,
+        "runtime_backends": toolchain.runtime_backends, "rounds": args.rounds, "calls_per_round": args.calls,
+    }
+    ratios = {}
+    with tempfile.TemporaryDirectory(prefix="gpu-latency-") as scratch:
+        for name in args.models:
+            spec = spec_for(name)
+            started = time.perf_counter()
+            export = export_program(spec, Path(scratch))
+            exported = time.perf_counter()
+            report_ = validate_program(spec, export.path, export.data_files, scratch_dir=Path(scratch))
+            require_passed(report_)
+            data = export.path / export.data_files[0]
+            model_figures = {
+                "export_s": round(exported - started, 1), "export_child_s": round(export.seconds, 1),
+                "validate_s": round(time.perf_counter() - exported, 1),
+                "pte_bytes": (export.path / export.program).stat().st_size, "ptd_bytes": data.stat().st_size,
+                "delegates": export.delegates(), "notes": export.warnings,
+                **measure(name, export.path, data, args.rounds, args.calls),
+            }
+            at_one = model_figures["batch1"]
+            ratios[name] = at_one["program"]["p50"]["median_ms"] / at_one["eager_cuda"]["p50"]["median_ms"]
+            model_figures["program_over_eager_cuda_batch1"] = round(ratios[name], 3)
+            figures[name] = model_figures
+    worst = max(ratios, key=lambda n: ratios[n])
+    figures["worst_model"] = worst
+    return 0 if report("gpu_latency", ratios[worst], "<=1.0", figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
