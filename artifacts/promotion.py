@@ -19,7 +19,7 @@ from prefect_executorch.artifacts.registry import pull
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import BundleConflict, PromotionRefused
 from prefect_executorch.isolation import run_isolated
-from prefect_executorch.sidebyside import ProgramFiles, SideBySide, SideBySideRequest
+from prefect_executorch.sidebyside import ProgramFiles, SideBySide, SideBySideRequest, merge_apart
 from prefect_executorch.spec import MethodSpec, ValidationSpec, check_name
 from prefect_executorch.targets import get_target
 
@@ -35,21 +35,28 @@ def _pulled(store: ObjectStore, key: BundleKey, dest: Path, manifest_sha256: str
 def compare_bundles(
     store: ObjectStore, current: AliasRecord, candidate: BundleKey, *, validation: ValidationSpec, scratch_dir: Path
 ) -> SideBySide:
-    """Pull the alias's bundle and the candidate, and run them side by side in one child process."""
+    """Pull the alias's bundle and the candidate, and run them side by side in one child (two, where the target says so)."""
     scratch_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".side-by-side-", dir=scratch_dir))
     try:
         _, now = _pulled(store, current.bundle_key(), work / "current", current.manifest_sha256)
         manifest, new = _pulled(store, candidate, work / "candidate", None)
         methods = {name: MethodSpec(inputs=entry.inputs) for name, entry in manifest.methods.items() if entry.inputs}
-        return run_isolated(
-            "side_by_side", SideBySideRequest(current=now, candidate=new, methods=methods, validation=validation,
-                                              target=manifest.target,
-                                              input_device=str(manifest.runtime_hints.get("input_device", "cpu"))),
-            SideBySide, timeout_s=validation.timeout_s, scratch_dir=work,
-            memory_limit=get_target(candidate.target).memory_limit("validate", validation.memory_limit_mib),
-            what=f"side-by-side of {candidate.prefix} and {current.describe()}",
-        )
+        target = get_target(candidate.target)
+        request = SideBySideRequest(current=now, candidate=new, methods=methods, validation=validation,
+                                    target=manifest.target,
+                                    input_device=str(manifest.runtime_hints.get("input_device", "cpu")))
+
+        def run(request: SideBySideRequest) -> SideBySide:
+            return run_isolated("side_by_side", request, SideBySide, timeout_s=validation.timeout_s, scratch_dir=work,
+                                memory_limit=target.memory_limit("validate", validation.memory_limit_mib),
+                                what=f"side-by-side of {candidate.prefix} and {current.describe()}")
+
+        if not target.one_program_per_process:
+            return run(request)
+        apart = {"reference": str(work / "current-outputs.pt")}
+        return merge_apart(run(request.model_copy(update={**apart, "alone": "current"})),
+                           run(request.model_copy(update={**apart, "alone": "candidate"})))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

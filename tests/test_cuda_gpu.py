@@ -40,13 +40,12 @@ TARGET = get_target("cuda")
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 BATCH = {0: {"min": 1, "max": 8, "name": "batch"}}
-#: Autotuning (the backend's default) makes each export minutes long; the demo build keeps it.
-FAST = {"max_autotune": False}
+MLP = {"forward": {"inputs": [{"name": "x", "shape": [4, 32]}]}}
 
 
 def spec_of(factory: str, methods: dict[str, Any], validation: dict[str, Any] | None = None, **target: Any) -> BuildSpec:
     return parse_spec({"name": factory.replace("_", "-"), "version": "1", "model": f"{MODELS}:{factory}",
-                       "methods": methods, "target": {"kind": "cuda", **FAST, **target},
+                       "methods": methods, "target": {"kind": "cuda", **target},
                        "validation": {"samples": 2, **(validation or {})}})
 
 
@@ -167,7 +166,7 @@ def test_the_kernels_carry_code_for_this_gpus_arch_only(build: Callable[[BuildSp
     arch = gpu.sm.removeprefix("sm") if gpu.sm else "?"
     # SASS for exactly this GPU, and PTX of the same arch-specific target, which no other arch can JIT.
     assert kinds and all(kind.split(":")[0] in (f"sm_{arch}", f"sm_{arch}a") for kind in kinds), kinds
-    assert TARGET.compat(spec_of("mlp", {}), gpu) == f"{gpu.cuda_channel}-sm{arch}-cuda-{gpu.arch}"
+    assert TARGET.compat(spec_of("mlp", MLP), gpu) == f"{gpu.cuda_channel}-sm{arch}-cuda-{gpu.arch}"
 
 
 def test_the_bundled_cases_run_on_the_gpu_and_a_crash_there_fails_the_check_not_this_process(
@@ -213,7 +212,7 @@ def test_the_demo_spec_builds_signs_verifies_and_promotes_side_by_side_through_t
     demo = yaml.safe_load((ROOT / "examples" / "convnet" / "spec.yaml").read_text())
     shutil.copy(ROOT / "examples" / "convnet" / "model.py", tmp_path / "model.py")
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({**demo, "target": "cuda"}))
-    (tmp_path / "next.yaml").write_text(yaml.safe_dump({**demo, "version": "1.0.1", "target": {"kind": "cuda", **FAST}}))
+    (tmp_path / "next.yaml").write_text(yaml.safe_dump({**demo, "version": "1.0.1", "target": "cuda"}))
     private, public = _key_pair(tmp_path)
     env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"),
            "PREFECT_EXECUTORCH_SIGNING_KEY": str(private), "PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY": str(public)}

@@ -141,3 +141,37 @@ def test_flow_attaches_the_comparison_as_a_table_artifact(builds: Builds) -> Non
             key=ArtifactFilterKey(any_=["promotion-mlp-2-to-flow"])), limit=1)
     assert artifact.type == "table" and "FORCED" in (artifact.description or "")
     assert "latency regression" in (artifact.description or "") and "forward" in str(artifact.data)
+
+
+def test_programs_that_cannot_share_a_process_are_compared_in_two_children(builds: Builds,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect_executorch.artifacts.promotion import compare_bundles
+    from prefect_executorch.isolation import run_isolated
+    from prefect_executorch.targets import get_target
+
+    current = move(builds.store, "1", "apart")
+    validation = ValidationSpec.model_validate(VALIDATION)
+    together = compare_bundles(builds.store, current, builds.keys["3"], validation=validation,
+                               scratch_dir=builds.store.root.parent / "together")
+    # As the cuda target declares: each program in a child of its own, the current one's outputs handed over.
+    monkeypatch.setattr(type(get_target("xnnpack")), "one_program_per_process", True)
+    children: list[str] = []
+    monkeypatch.setattr("prefect_executorch.artifacts.promotion.run_isolated", _counting(children, run_isolated))
+    apart = compare_bundles(builds.store, current, builds.keys["3"], validation=validation,
+                            scratch_dir=builds.store.root.parent / "apart")
+    assert children == ["current", "candidate"]
+    (one,), (two,) = together.methods, apart.methods
+    assert (two.cases, two.disagreeing) == (one.cases, one.disagreeing) == (1, 1)  # mlp_other's weights differ
+    assert two.worst == one.worst
+    assert two.current is not None and two.candidate is not None and two.shape_label == one.shape_label
+    same = compare_bundles(builds.store, current, builds.keys["2"], validation=validation,
+                           scratch_dir=builds.store.root.parent / "apart-same")
+    assert same.disagreements() == [] and same.methods[0].cases == 1
+
+
+def _counting(children: list[str], run: Any) -> Any:
+    def counted(command: str, request: Any, *args: Any, **kwargs: Any) -> Any:
+        children.append(request.alone)
+        return run(command, request, *args, **kwargs)
+
+    return counted

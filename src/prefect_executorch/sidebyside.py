@@ -1,15 +1,18 @@
-"""Run a candidate program beside the one an alias serves now: same inputs, same process, same timing.
+"""Run a candidate program beside the one an alias serves now: same inputs, same timing.
 
 The child loads both programs, feeds both the same seeded inputs at every declared shape, compares
 the candidate's outputs with the current program's at the spec's tolerances, and times both with
 their latency windows interleaved (``latency.measure_together``), so the load of a shared machine
-falls on both alike.
+falls on both alike. Programs of a target that cannot hold two in one process (``Target.
+one_program_per_process``) run in two children instead: the first writes the current program's
+outputs and times it, the second compares the candidate with them and times it.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -46,6 +49,10 @@ class SideBySideRequest(BaseModel):
     validation: ValidationSpec
     target: str = Field("xnnpack", description="The bundles' target: its runtime is set up before either loads.")
     input_device: str = Field("cpu", description="Where the programs want their inputs (the manifest's runtime hint).")
+    alone: Literal["current", "candidate"] | None = Field(
+        None, description="Run only this program (None: both in this child); the current one writes ``reference``, "
+        "the candidate is compared with it.")
+    reference: str | None = Field(None, description="The current program's outputs (torch.save) when they run apart.")
 
 
 class MethodComparison(BaseModel):
@@ -116,55 +123,113 @@ class SideBySide(BaseModel):
         ) for m in self.methods]
 
 
-def _compare_method(req: SideBySideRequest, name: str, current: LoadedProgram, candidate: LoadedProgram) -> MethodComparison:
+#: One case's outputs (a list of tensors), or why the program could not run it.
+Outcome = list[Any] | str
+
+
+def _cases(req: SideBySideRequest, name: str) -> list[tuple[str, list[list[int]], tuple[Any, ...]]]:
+    """The method's seeded inputs at every declared shape, the same on both sides (and in both children)."""
     import torch
 
     method = req.methods[name]
-    if name not in current.facts:
-        return MethodComparison(method=name, cases=1, disagreeing=1,
-                                worst=f"the current program has no method {name!r} (it has {sorted(current.facts)})")
     generator = torch.Generator().manual_seed(req.validation.seed)
-    result = MethodComparison(method=name, cases=0, disagreeing=0)
-    timing: tuple[str, tuple[torch.Tensor, ...]] | None = None
-    for label, shapes in shape_points(method, req.validation.methods[name].extra_shapes
-                                      if name in req.validation.methods else None):
-        for _ in range(req.validation.samples):
-            inputs = tuple(t.to(req.input_device) for t in random_inputs(method, shapes, generator))
-            result.cases += 1
-            try:
-                expected = current.run(name, inputs, method.inputs)
-                actual = candidate.run(name, inputs, method.inputs)
-            except ValidationFailed as exc:
-                result.disagreeing += 1
-                result.worst = result.worst or f"at {label} {shapes}: {exc}"
-                continue
+    extra = req.validation.methods[name].extra_shapes if name in req.validation.methods else None
+    return [(label, shapes, tuple(t.to(req.input_device) for t in random_inputs(method, shapes, generator)))
+            for label, shapes in shape_points(method, extra) for _ in range(req.validation.samples)]
+
+
+def _run(program: LoadedProgram, name: str, inputs: tuple[Any, ...], method: MethodSpec) -> Outcome:
+    try:
+        return program.run(name, inputs, method.inputs)
+    except ValidationFailed as exc:
+        return str(exc)
+
+
+def _timing_inputs(cases: list[tuple[str, list[list[int]], tuple[Any, ...]]]) -> tuple[str, tuple[Any, ...]] | None:
+    """The inputs latency is measured on: the first case at 'opt', else the first case."""
+    chosen = next((case for case in cases if case[0] == "opt"), cases[0] if cases else None)
+    return (chosen[0], chosen[2]) if chosen else None
+
+
+def _time(req: SideBySideRequest, name: str, programs: list[LoadedProgram],
+          timing: tuple[str, tuple[Any, ...]] | None) -> list[LatencyStats | None]:
+    if timing is None or not req.validation.latency_runs:
+        return [None] * len(programs)
+    # GPU programs return before the device is done: every side waits for it, as in validation.
+    device = "cuda" if needs_cuda(req.target) else "cpu"
+    return list(measure_together([synchronized(partial(p.execute, name, timing[1]), device) for p in programs],
+                                 min_runs=req.validation.latency_runs, warmup=req.validation.latency_warmup,
+                                 max_seconds=req.validation.latency_max_s))
+
+
+def _compare_method(req: SideBySideRequest, name: str, current: list[Outcome], candidate: list[Outcome],
+                    labels: list[tuple[str, list[list[int]]]]) -> MethodComparison:
+    """Agreement of the candidate's outcomes with the current program's, case by case."""
+    result = MethodComparison(method=name, cases=len(labels), disagreeing=0)
+    for (label, shapes), expected, actual in zip(labels, current, candidate, strict=True):
+        if isinstance(expected, str) or isinstance(actual, str):
+            error: str | None = f"at {label} {shapes}: {expected if isinstance(expected, str) else actual}"
+        else:
             failed = [o for o in compare_outputs(actual, expected, req.validation, name) if not o.passed]
-            if failed:
-                result.disagreeing += 1
-                result.worst = result.worst or f"output {failed[0].path} at {label} {shapes}: {failed[0].reason}"
-            if timing is None or (label == "opt" and timing[0] != "opt"):
-                timing = (label, inputs)
-    if timing is not None and req.validation.latency_runs:
-        label, inputs = timing
-        result.shape_label = label
-        # GPU programs return before the device is done: both sides wait for it, as in validation.
-        device = "cuda" if needs_cuda(req.target) else "cpu"
-        result.current, result.candidate = measure_together(
-            [synchronized(lambda: current.execute(name, inputs), device),
-             synchronized(lambda: candidate.execute(name, inputs), device)],
-            min_runs=req.validation.latency_runs, warmup=req.validation.latency_warmup,
-            max_seconds=req.validation.latency_max_s,
-        )
+            error = f"output {failed[0].path} at {label} {shapes}: {failed[0].reason}" if failed else None
+        if error is not None:
+            result.disagreeing += 1
+            result.worst = result.worst or error
     return result
 
 
+def _side_by_side(req: SideBySideRequest, name: str, programs: dict[str, LoadedProgram]) -> MethodComparison:
+    """One method of the programs this child holds: both, or the one ``req.alone`` names."""
+    import torch
+
+    current = programs.get("current")
+    if current is not None and name not in current.facts:
+        missing = f"the current program has no method {name!r} (it has {sorted(current.facts)})"
+        if req.alone == "current":
+            _save_reference(req, name, missing)
+        return MethodComparison(method=name, cases=1, disagreeing=1, worst=missing)
+    reference = torch.load(req.reference, weights_only=True)[name] if req.alone == "candidate" and req.reference else None
+    if isinstance(reference, str):
+        return MethodComparison(method=name, cases=1, disagreeing=1, worst=reference)
+    cases = _cases(req, name)
+    outcomes = {role: [_run(program, name, inputs, req.methods[name]) for _, _, inputs in cases]
+                for role, program in programs.items()}
+    timing = _timing_inputs(cases)
+    timed = dict(zip(programs, _time(req, name, list(programs.values()), timing), strict=True))
+    if req.alone == "current":
+        _save_reference(req, name, outcomes["current"])
+        result = MethodComparison(method=name, cases=len(cases), disagreeing=0)
+    else:
+        result = _compare_method(req, name, outcomes.get("current", reference or []), outcomes["candidate"],
+                                 [(label, shapes) for label, shapes, _ in cases])
+    return result.model_copy(update={"shape_label": timing[0] if timing and req.validation.latency_runs else None,
+                                     "current": timed.get("current"), "candidate": timed.get("candidate")})
+
+
+def _save_reference(req: SideBySideRequest, name: str, outcomes: list[Outcome] | str) -> None:
+    """Add one method's outcomes of the current program to ``req.reference`` (the candidate's child reads them)."""
+    import torch
+
+    assert req.reference is not None
+    path = Path(req.reference)
+    saved = torch.load(path, weights_only=True) if path.exists() else {}
+    torch.save({**saved, name: outcomes}, path)
+
+
 def side_by_side_in_child(request: dict[str, Any]) -> SideBySide:
-    """Child side: load both programs, compare every method on the same inputs, time both alike."""
+    """Child side: load the programs, compare every method on the same inputs, time them alike."""
     import torch
 
     req = SideBySideRequest.model_validate(request)
-    # TensorRT: TF32 off and the delegate runtime registered before ExecuTorch's own runtime loads.
+    # TF32 off and the delegate runtime registered before ExecuTorch's own runtime loads.
     get_target(req.target).runtime_setup()
-    current, candidate = req.current.load(), req.candidate.load()
+    roles = ("current", "candidate") if req.alone is None else (req.alone,)
+    programs = {role: getattr(req, role).load() for role in roles}
     with torch.no_grad():
-        return SideBySide(methods=[_compare_method(req, name, current, candidate) for name in req.methods])
+        return SideBySide(methods=[_side_by_side(req, name, programs) for name in req.methods])
+
+
+def merge_apart(current: SideBySide, candidate: SideBySide) -> SideBySide:
+    """One comparison of two children's runs: the current program's timing from the first, the rest from the second."""
+    timed = {m.method: m.current for m in current.methods}
+    return SideBySide(methods=[m.model_copy(update={"current": timed.get(m.method)}) for m in candidate.methods])

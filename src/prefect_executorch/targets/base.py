@@ -44,6 +44,8 @@ class Target(ABC):
     #: The spec's ``target:`` section for this target (its ``kind`` is ``name``).
     options: ClassVar[type[TargetOptions]]
     device: ClassVar[Device]
+    #: Whether its programs must each have a process of their own (the side-by-side runs them apart).
+    one_program_per_process: ClassVar[bool] = False
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         """Raise ``SpecError``/``ToolchainMismatch`` for what cannot work; return warnings."""

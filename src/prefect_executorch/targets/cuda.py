@@ -52,8 +52,9 @@ def _on_off(flag: bool) -> str:
 
 def compile_specs(options: CudaOptions, method: str, triton: bool) -> list[tuple[str, str]]:
     """``CudaBackend`` compile specs of one method as (key, value): its name, then the options it reads."""
-    specs = [("method_name", method), ("max_autotune", _on_off(options.max_autotune)),
-             ("triton_kernel_mode", _on_off(triton))]
+    # max_autotune stays the backend's ON: without it Inductor calls cuBLAS through shims the backend lacks
+    # (aoti_torch_cuda_mm_out, _addmm_out: "missing fallback kernels", seen on the H200), so every matmul fails.
+    specs = [("method_name", method), ("triton_kernel_mode", _on_off(triton))]
     if options.low_memory:
         specs.append(("low_memory_mode", "ON"))
     return specs
@@ -138,6 +139,10 @@ class CudaTarget(Target):
     name = "cuda"
     options = CudaOptions
     device = "cuda"
+    # ExecuTorch 1.4.1's CudaBackend writes each program's kernel library to /tmp/<sha256>_so_blob<pid>.so and
+    # loads it from there: a second program with the same kernels (a rebuild, new weights) rewrites the library
+    # the first has loaded. Two such programs in one side-by-side child died of SIGSEGV on the H200.
+    one_program_per_process = True
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         check_scheme(spec, self.name)

@@ -120,8 +120,6 @@ class CudaOptions(TargetOptions):
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         "fp32", description="fp16/bf16 compute the model in that type behind the spec's input and output dtypes; "
         "fp32 is compared with an eager reference without TF32.")
-    max_autotune: bool = Field(
-        True, description="Benchmark kernel candidates at export (the backend's default): slower exports, faster programs.")
     triton_kernels: Literal["auto", "on", "off"] = Field(
         "auto", description="ExecuTorch's own Triton kernels for attention and top-k. Its attention kernel takes "
         "bfloat16 only, so 'auto' turns them off for a method whose attention runs in another type.")
