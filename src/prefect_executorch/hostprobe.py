@@ -196,10 +196,15 @@ def gather() -> dict[str, Any]:
     gpus = []
     cuda_available = torch.cuda.is_available()
     if cuda_available:
-        for index in range(torch.cuda.device_count()):
-            props = torch.cuda.get_device_properties(index)
-            gpus.append({"index": index, "name": props.name, "sm": f"sm{props.major}{props.minor}",
-                         "total_memory_mib": props.total_memory // 2**20})
+        try:
+            for index in range(torch.cuda.device_count()):
+                props = torch.cuda.get_device_properties(index)
+                gpus.append({"index": index, "name": props.name, "sm": f"sm{props.major}{props.minor}",
+                             "total_memory_mib": props.total_memory // 2**20})
+        except RuntimeError:
+            # NVML's check (our forkserver's children use it) sees a GPU that the CUDA runtime cannot start,
+            # e.g. under an address-space limit: CUDA is not available to this process.
+            cuda_available, gpus = False, []
     nvcc = find_nvcc()
     torch_tensorrt = dist_version("torch-tensorrt") or dist_version("torch_tensorrt")
     executorch = dist_version("executorch")
