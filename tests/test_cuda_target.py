@@ -41,11 +41,9 @@ def cuda_spec(factory: str = "mlp", shape: list[int] | None = None, **target: An
 
 @pytest.fixture(scope="module")
 def h200() -> Toolchain:
-    """The H200 with the stack ../shared/gpu/stage installs: torch 2.14 cu130, ExecuTorch 1.4.1, the runtime wheel."""
-    return Toolchain.model_validate_json((FIXTURES / "hostprobe_h200.json").read_text()).model_copy(update={
-        "torch": "2.14.0+cu130", "executorch": "1.4.1", "executorch_cuda": False, "tensorrt_executorch_runtime": "0.1.0",
-        "triton": "3.8.0", "runtime_backends": ["CudaBackend", "TensorRTBackend", "XnnpackBackend"],
-    })
+    """The probe of the H200 with the stack ../shared/gpu/stage installs (torch 2.14 cu130, ExecuTorch 1.4.1, the
+    runtime wheel), taken there on 2026-12-04 by the run of tests/fixtures/junit-cuda-h200.xml."""
+    return Toolchain.model_validate_json((FIXTURES / "hostprobe_h200_staged.json").read_text())
 
 
 # ---------------------------------------------------------------- the options, checked against CudaBackend's source
