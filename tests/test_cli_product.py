@@ -95,6 +95,30 @@ def test_inspect_summarizes_and_validate_accepts_the_pulled_folder(built: Path) 
     assert "validation passed" in validated.stdout
 
 
+def _noise(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [word for word in CLI_NOISE if word in result.stdout + result.stderr]
+
+
+def test_commands_that_start_children_print_no_third_party_noise(built: Path) -> None:
+    # verify, pull --verify and promote start their children lazily, validate at once: none may print
+    # what the forkserver's imports say (torchao's optional kernels, torch's _pytree notes).
+    pulled = built / "pulled-quiet"
+    commands = [["pull", "mlp", "--version", "1", "--to", str(pulled), "--verify"], ["verify", str(pulled)],
+                ["validate", str(built / "spec.json"), str(pulled)], ["promote", "mlp", "1", "--alias", "quiet"]]
+    for command in commands:
+        result = run_cli(*command, cwd=built)
+        assert result.returncode == 0, (command, result.stderr)
+        assert not _noise(result), (command, _noise(result), result.stderr)
+
+
+def test_debug_is_accepted_after_the_command_too(built: Path) -> None:
+    for args in (["--debug", "inspect", str(built / "nothing-here")], ["inspect", str(built / "nothing-here"), "--debug"]):
+        result = run_cli(*args, cwd=built)
+        assert result.returncode == 1 and "Traceback" in result.stderr, (args, result.stderr[-500:])  # --debug: the traceback
+    plain = run_cli("inspect", str(built / "nothing-here"), cwd=built)
+    assert "Traceback" not in plain.stderr and "No such option" not in plain.stderr
+
+
 def test_help_is_whole_and_imports_neither_torch_nor_prefect(tmp_path: Path) -> None:
     result = subprocess.run([*CLI[:1], "-X", "importtime", *CLI[1:], "--help"], capture_output=True, text=True,
                             cwd=tmp_path, timeout=60)

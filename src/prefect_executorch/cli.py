@@ -688,5 +688,15 @@ def retrain(
     console.print(f"emitted {EVENT} for {request.resource_id} (event {event_id})")
 
 
+def run() -> None:
+    """The console script: ``app`` with ``--debug`` accepted after the command too (``build spec.yaml --debug``)."""
+    args = sys.argv[1:]
+    # A global option, but every error says "rerun with --debug": take it wherever it is written, before `--`.
+    end = args.index("--") if "--" in args else len(args)
+    if "--debug" in args[:end]:
+        args = ["--debug", *(a for i, a in enumerate(args) if a != "--debug" or i >= end)]
+    app(args)
+
+
 if __name__ == "__main__":
-    app()
+    run()

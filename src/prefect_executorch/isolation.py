@@ -65,30 +65,40 @@ START_METHOD_ENV = "PREFECT_EXECUTORCH_CHILD_START"
 StartMethod = Literal["forkserver", "spawn"]
 
 
-def _start_method() -> StartMethod:
-    """``forkserver`` or ``spawn``: ``IsolationSettings.child_start``, read now."""
-    # Imported here: the children import this module, and the settings import Prefect.
-    from prefect_executorch.settings import IsolationSettings, read_settings
-
-    return read_settings(IsolationSettings).child_start
-
-
 def _context(method: StartMethod | None = None) -> Any:
-    method = method or _start_method()
+    # Imported here: the children import this module, and the settings import Prefect.
+    from prefect_executorch.settings import get_settings
+
+    settings = get_settings()
+    method = method or settings.isolation.child_start
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         context.set_forkserver_preload(PRELOAD)
-        _ensure_forkserver()
+        _ensure_forkserver(quiet=not settings.debug)
     return context
 
 
-def _ensure_forkserver() -> None:
-    """Start the forkserver (once) with ``FORKSERVER_ENV``; this process's own environment stays as it was."""
+def _ensure_forkserver(quiet: bool) -> None:
+    """Start the forkserver (once) with ``FORKSERVER_ENV``; this process's own environment stays as it was.
+
+    ``quiet`` sends the forkserver's own stderr to /dev/null: its imports print C-level notes and
+    library warnings (cpuinfo, torchao's optional kernels, torch's _pytree) that a terminal user cannot
+    act on; each child logs to its own file anyway.
+    """
     saved = {name: os.environ.get(name) for name in FORKSERVER_ENV}
     os.environ.update(FORKSERVER_ENV)
+    # The forkserver inherits fd 2 when it is spawned, so point fd 2 elsewhere for that moment only.
+    stderr = os.dup(2) if quiet else None
+    devnull = os.open(os.devnull, os.O_WRONLY) if quiet else None
     try:
+        if devnull is not None:
+            os.dup2(devnull, 2)
         multiprocessing.forkserver.ensure_running()
     finally:
+        if stderr is not None and devnull is not None:
+            os.dup2(stderr, 2)
+            os.close(stderr)
+            os.close(devnull)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -118,29 +128,13 @@ def check_main_guard() -> None:
 
 
 def warm_up(quiet: bool = False) -> None:
-    """Start the forkserver now so its imports overlap with the caller's own start-up.
-
-    ``quiet`` sends the forkserver's own stderr to /dev/null: its imports print C-level notes
-    (cpuinfo, optional kernels) that a terminal user cannot act on; each child logs to its own file anyway.
-    """
+    """Start the forkserver now so its imports overlap with the caller's own start-up (``quiet``: see below)."""
     check_main_guard()
     # Started before the start method is read: reading it imports the settings and Prefect (~1 s),
     # which would delay the server's own imports, the longest wait of a build. With child_start=spawn
     # (an escape hatch) the server is then never used and exits with this process.
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
-    if not quiet:
-        _ensure_forkserver()
-        return
-    # The forkserver inherits fd 2 when it is spawned, so point fd 2 elsewhere for that moment only.
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        _ensure_forkserver()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+    _ensure_forkserver(quiet)
 
 
 class MemoryLimit(BaseModel):
