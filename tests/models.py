@@ -275,3 +275,16 @@ class Sorts(nn.Module):
 def sorts() -> nn.Module:
     """Calls aten::sort, which ExecuTorch's portable runtime has no kernel for."""
     return Sorts()
+
+
+class BranchesOnValues(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        if y.sum().item() > 0:  # the line the export failure must name
+            return y + 1
+        return y - 1
+
+
+def branches_on_values() -> nn.Module:
+    """Data-dependent control flow: torch.export cannot trace the branch."""
+    return BranchesOnValues()

@@ -31,3 +31,14 @@ def test_a_shape_the_model_cannot_take_fails_in_the_eager_stage(make_spec, tmp_p
     with pytest.raises(ExportFailed, match=r"stage eager run: method 'forward' with inputs \(x: float32 \[2, 7\]\) "
                                            r"fails in eager PyTorch .*RuntimeError: mat1 and mat2 shapes"):
         export_program(spec, tmp_path / "out")
+
+
+def test_a_branch_on_a_tensors_value_is_a_tracing_failure_naming_the_models_line(make_spec, tmp_path: Path) -> None:
+    # torch's message says "Could not guard on data-dependent expression": the word "guard" is no input problem.
+    spec = make_spec("branches_on_values", methods={"forward": {"inputs": [{"name": "x", "shape": [2, 3]}]}})
+    with pytest.raises(ExportFailed) as info:
+        export_program(spec, tmp_path / "out")
+    message = str(info.value)
+    assert message.startswith("stage torch.export (tracing): method 'forward' branches on a tensor's value at "
+                              "models.py:") and "(if y.sum().item() > 0:" in message, message
+    assert "torch.cond" in message and "methods.forward.inputs" not in message

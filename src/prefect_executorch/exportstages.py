@@ -8,6 +8,7 @@ that every operator left to ExecuTorch's kernels has a kernel in the target's ru
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect_executorch.errors import ExportFailed
@@ -29,6 +30,27 @@ def summary(exc: BaseException) -> str:
     if len(text) > SUMMARY_CHARS:
         text = text[:SUMMARY_CHARS] + "..."
     return f"{type(exc).__name__}: {text}"
+
+
+#: Where library code lives: a traceback frame outside these is the model's own.
+_LIBRARIES = ("torch", "executorch", "prefect_executorch", "transformers", "torchao")
+
+
+def model_line(exc: BaseException) -> str | None:
+    """``model.py:8 (if y.sum().item() > 0:)``: the innermost frame of ``exc`` outside torch and the libraries."""
+    import importlib.util
+    import traceback
+
+    roots = []
+    for name in _LIBRARIES:
+        found = importlib.util.find_spec(name)
+        roots += [str(Path(p)) for p in (found.submodule_search_locations or [])] if found else []
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(("<", *roots)) and "/lib/python" not in f.filename]
+    if not frames:
+        return None
+    frame = frames[-1]
+    return f"{Path(frame.filename).name}:{frame.lineno}" + (f" ({frame.line.strip()})" if frame.line else "")
 
 
 def describe_inputs(method: MethodSpec) -> str:
@@ -87,6 +109,14 @@ def run_torch_export(export: Callable[[], T], eager_outputs: Any, name: str, met
                 "the model in a module whose forward returns the tensors you need"
             ) from exc
         text = str(exc)
+        if "data-dependent" in text or any("DataDependent" in cls.__name__ for cls in type(exc).__mro__):
+            where = model_line(exc)
+            at = f" at {where}" if where else ""
+            raise ExportFailed(
+                f"stage torch.export (tracing): method {name!r} branches on a tensor's value{at}, which torch.export "
+                f"cannot trace ({summary(exc)})\nwrite the branch with torch.cond (both sides are traced), or take the "
+                "value out of the model: a constant, or an input the spec declares"
+            ) from exc
         if any(word in text for word in _INPUT_WORDS):
             raise ExportFailed(
                 f"stage torch.export (inputs): method {name!r} with inputs ({describe_inputs(method)}) failed: "
