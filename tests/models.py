@@ -288,3 +288,13 @@ class BranchesOnValues(nn.Module):
 def branches_on_values() -> nn.Module:
     """Data-dependent control flow: torch.export cannot trace the branch."""
     return BranchesOnValues()
+
+
+class Spectrum(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fft.rfft(x).abs()
+
+
+def spectrum() -> nn.Module:
+    """torch.fft.rfft: complex intermediates, which ExecuTorch's lowering does not take."""
+    return Spectrum()

@@ -42,3 +42,16 @@ def test_a_branch_on_a_tensors_value_is_a_tracing_failure_naming_the_models_line
     assert message.startswith("stage torch.export (tracing): method 'forward' branches on a tensor's value at "
                               "models.py:") and "(if y.sum().item() > 0:" in message, message
     assert "torch.cond" in message and "methods.forward.inputs" not in message
+
+
+@pytest.mark.parametrize("target", ["xnnpack", "portable"])
+def test_an_operator_the_edge_dialect_refuses_is_named_with_its_dtypes_and_line(make_spec, target: str,
+                                                                               tmp_path: Path) -> None:
+    spec = make_spec("spectrum", methods={"forward": {"inputs": [{"name": "x", "shape": [2, 16]}]}}, target=target)
+    with pytest.raises(ExportFailed) as info:
+        export_program(spec, tmp_path / "out")
+    message = str(info.value)
+    assert f"stage lowering for target '{target}'" in message
+    assert "refuses aten.abs.default with {'self': torch.complex64" in message
+    assert "at models.py:" in message and "(return torch.fft.rfft(x).abs())" in message
+    assert "try target 'portable'" not in message  # no target would take it

@@ -7,6 +7,7 @@ that every operator left to ExecuTorch's kernels has a kernel in the target's ru
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -130,17 +131,42 @@ def run_torch_export(export: Callable[[], T], eager_outputs: Any, name: str, met
         ) from exc
 
 
+#: ExecuTorch's edge verifier: the operator with the dtypes it was given, and the model line it came from.
+_EDGE_OPERATOR = re.compile(r"Operator: <EdgeOpOverload: ([\w.]+)>.*?with args: (\{[^}\n]*\})")
+_EDGE_STACK = re.compile(r'stack trace: File "([^"]+)", line (\d+)[^\n]*\n\s*([^\n]+)')
+
+
+def _edge_violation(exc: BaseException) -> str | None:
+    """``aten.abs.default with {'self': torch.complex64, …} at models.py:295 (…)`` from the edge verifier's error."""
+    text = str(exc)
+    operator = _EDGE_OPERATOR.search(text)
+    if operator is None:
+        return None
+    stack = _EDGE_STACK.search(text)
+    where = f" at {Path(stack[1]).name}:{stack[2]} ({stack[3].strip()})" if stack else ""
+    return f"{operator[1]} with {operator[2]}{where}"
+
+
 def run_lowering(lower: Callable[[], T], target: str) -> T:
-    """Lower the exported methods for ``target``; a failure names the lowering stage and the target."""
+    """Lower the exported methods for ``target``; a failure names the lowering stage, the target and the operator."""
     try:
         return lower()
     except ExportFailed:
         raise
     except Exception as exc:  # edge conversion, decompositions and partitioners raise many types
+        stage = f"stage lowering for target {target!r} (to_edge, decompositions, partitioning, serialization) failed"
+        violation = _edge_violation(exc)
+        if violation is not None:
+            # The edge dialect's own check: every target converts to it, so no other target would take the model.
+            raise ExportFailed(
+                f"{stage}: ExecuTorch's edge dialect refuses {violation} ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0]})\ntorch.export succeeded; no target takes this operator with these "
+                "dtypes: rewrite the construct named (complex tensors, for one, have no ExecuTorch kernels)"
+            ) from exc
+        other = "try target 'portable', or " if target != "portable" else ""
         raise ExportFailed(
-            f"stage lowering for target {target!r} (to_edge, decompositions, partitioning, serialization) failed: "
-            f"{summary(exc)}\ntorch.export succeeded; an operator or pattern is not supported by this target's "
-            "lowering: try target 'portable', or rewrite the construct named"
+            f"{stage}: {summary(exc)}\ntorch.export succeeded; an operator or pattern is not supported by this "
+            f"target's lowering: {other}rewrite the construct named"
         ) from exc
 
 
