@@ -133,12 +133,15 @@ def select_bundle(store: ObjectStore, name: str, version: str, target: str | Non
                   if (target is None or key.target == target) and (compat is None or key.compat == compat)]
     if len(candidates) == 1:
         return candidates[0]
-    existing = ", ".join(f"{key.target}/{key.compat}" for key in list_bundles(store, name, version)) or "none"
-    if not candidates:
+    published = list_bundles(store, name, version)
+    existing = ", ".join(f"{key.target}/{key.compat}" for key in published)
+    if not published:
         versions = ", ".join(sorted({key.version for key in list_bundles(store, name)})) or "none"
+        raise BundleNotFound(f"no bundle of {name} version {version} in {store.url}; versions of {name} there: {versions}")
+    if not candidates:
         raise BundleNotFound(
             f"no bundle of {name} version {version} matches target={target or 'any'} compat={compat or 'any'} "
-            f"in {store.url}; published: {existing}; versions of {name} there: {versions}")
+            f"in {store.url}; its bundles: {existing}")
     raise BundleConflict(
         f"{name} version {version} has {len(candidates)} bundles ({existing}); choose one with --target/--compat")
 

@@ -97,6 +97,7 @@ def resolve(
         from prefect_executorch.toolchain import probe
 
         toolchain = probe()
+    require_model(store, name)
     if alias is not None:
         return _resolve_alias(store, name, alias, target, compat, toolchain)
     assert version is not None

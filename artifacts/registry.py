@@ -40,6 +40,7 @@ from prefect_executorch.errors import (
     BundleNotFound,
     DestinationExists,
     IntegrityError,
+    NotABundle,
     ObjectExists,
     PrefectExecutorchError,
 )
@@ -358,7 +359,8 @@ def verify_bundle_dir(bundle_dir: Path) -> Manifest:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise BundleNotFound(f"{bundle_dir} has no {MANIFEST_FILE}; pull a bundle or build one first") from None
+        raise NotABundle(f"{bundle_dir} has no {MANIFEST_FILE}, so it is no bundle; give the folder `pull --to` made, "
+                         "or pull a bundle first") from None
     manifest = parse_manifest(data, str(path))
     public_key = _signing(None).checked_public_key()
     if public_key is not None:

@@ -68,6 +68,20 @@ def test_ls_without_a_name_lists_models_and_unknown_models_exit_1(built: Path) -
         assert "BundleNotFound: no model nosuch in" in result.stderr and "models there: mlp" in result.stderr
 
 
+def test_pull_of_an_unknown_model_lists_the_models_there(built: Path) -> None:
+    result = run_cli("pull", "nosuch", "--version", "1", "--to", str(built / "nosuch"), cwd=built)
+    assert result.returncode == 1
+    assert "no model nosuch in" in result.stderr and "models there: mlp" in result.stderr
+
+
+def test_inspect_of_a_folder_that_is_no_bundle_is_a_usage_error(built: Path) -> None:
+    (built / "empty").mkdir(exist_ok=True)
+    for command in ("inspect", "verify"):
+        result = run_cli(command, str(built / "empty"), cwd=built)
+        assert result.returncode == 2, (command, result.stderr)
+        assert result.stderr.startswith("NotABundle: ") and "has no manifest.json, so it is no bundle" in result.stderr
+
+
 def test_pull_into_an_existing_folder_is_a_usage_error(built: Path) -> None:
     (built / "taken").mkdir(exist_ok=True)
     result = run_cli("pull", "mlp", "--version", "1", "--to", str(built / "taken"), cwd=built)
@@ -78,7 +92,10 @@ def test_pull_into_an_existing_folder_is_a_usage_error(built: Path) -> None:
 def test_promote_to_a_missing_version_lists_the_versions(built: Path) -> None:
     result = run_cli("promote", "mlp", "9", "--alias", "prod", cwd=built)
     assert result.returncode == 1
-    assert "no bundle of mlp version 9" in result.stderr and "versions of mlp there: 1" in result.stderr
+    assert "no bundle of mlp version 9 in" in result.stderr and "versions of mlp there: 1" in result.stderr
+    assert "published: none" not in result.stderr  # it said so beside "versions there: 1"
+    other = run_cli("promote", "mlp", "1", "--alias", "prod", "--target", "xnnpack", cwd=built)
+    assert other.returncode == 1 and "matches target=xnnpack" in other.stderr and "its bundles: portable/" in other.stderr
 
 
 def test_inspect_summarizes_and_validate_accepts_the_pulled_folder(built: Path) -> None:

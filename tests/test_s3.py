@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -28,6 +30,7 @@ from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE, Bun
 from prefect_executorch.artifacts.registry import (
     BundleRef,
     file_entries,
+    list_bundles,
     publish,
     pull,
     read_manifest,
@@ -451,3 +454,20 @@ def test_prefect_aws_block_client_parameters_reach_the_client(s3_server: Seaweed
     assert store.client._endpoint.http_session._verify is False  # noqa: SLF001 (botocore keeps it nowhere public)
     store.put_bytes("m/1/t/c/x.json", b"{}")
     assert store.get_bytes("m/1/t/c/x.json")[0] == b"{}"
+
+
+def test_cli_build_reaches_s3_through_its_endpoint_url_option(s3_server: SeaweedS3, tmp_path: Path) -> None:
+    # boto3's chain knows credentials but no endpoint: only --endpoint-url leads to the server.
+    env = {name: value for name, value in {**os.environ, **s3_server.env()}.items()
+           if name not in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "PREFECT_EXECUTORCH_STORE")}
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(spec_data("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}},
+                                         target="portable")))
+    url = f"s3://{s3_server.make_bucket()}/reg"
+    done = subprocess.run([sys.executable, "-m", "prefect_executorch.cli", "build", str(spec), "--store", url,
+                           "--endpoint-url", s3_server.endpoint_url], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "fresh build: mlp/1/portable/" in done.stdout
+    store = S3Store.from_url(url, endpoint_url=s3_server.endpoint_url)
+    assert [key.version for key in list_bundles(store, "mlp")] == ["1"]

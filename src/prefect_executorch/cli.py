@@ -36,6 +36,7 @@ STORE_ENV = "PREFECT_EXECUTORCH_STORE"
 DEFAULT_STORE = "./bundles"
 DEBUG_ENV = "PREFECT_EXECUTORCH_DEBUG"
 _STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DEFAULT_STORE})."
+_ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
 
 
 def _quiet_defaults(debug: bool) -> None:
@@ -134,6 +135,7 @@ def build(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
     store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     output: Path | None = typer.Option(None, "--output", help="Keep export directories here (default: temporary)."),
+    endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
     from prefect_executorch.artifacts.registry import list_bundles
@@ -143,6 +145,11 @@ def build(
     from prefect_executorch.spec import load_spec
 
     store = _store(store)
+    if endpoint_url:
+        from prefect_executorch.settings import S3Settings, env_name
+
+        # The flow opens the store itself (in this process): the setting carries the endpoint there.
+        os.environ[env_name(S3Settings, "endpoint_url")] = endpoint_url
     spec = load_spec(spec_path)
     spec.check_model_reference()
     view = LiveView(debug=_debug_flag(ctx))
@@ -432,7 +439,6 @@ def probe(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
 
 # --- registry: pull, promote, ls, gc ------------------------------------------------------------
 
-_ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
 
 
 def _open(store: str | None, endpoint_url: str | None) -> Any:

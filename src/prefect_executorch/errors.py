@@ -67,6 +67,12 @@ class BundleNotFound(PrefectExecutorchError):
     """No bundle or alias matches what was asked for."""
 
 
+class NotABundle(BundleNotFound):
+    """A directory given as a bundle has no manifest.json: a wrong path, so bad input."""
+
+    exit_code = 2
+
+
 class IntegrityError(PrefectExecutorchError):
     """A stored object does not match its manifest (size, sha256, pairing or location)."""
 
