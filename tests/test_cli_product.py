@@ -244,3 +244,48 @@ if api is not None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "prefect imported when the thread started: True" in done.stdout, done.stdout + done.stderr
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Command lines of the processes whose environment carries ``marker`` (this command and all it started)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if marker.encode() in environ.read_bytes():
+                found.append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_build_stops_everything_within_seconds(tmp_path: Path, how: str) -> None:
+    import signal
+    import time
+    import uuid
+
+    spec = write_spec(tmp_path / "spec.json", "hangs")  # its export child never finishes by itself
+    marker = f"PREFECT_EXECUTORCH_TEST_MARKER={uuid.uuid4().hex}"
+    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"), marker.split("=")[0]: marker.split("=")[1]}
+    # Its own process group, as a terminal's foreground job: Ctrl-C reaches every process in it.
+    cli = subprocess.Popen([*CLI, "build", str(spec), "--output", str(tmp_path / "out")], cwd=tmp_path, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "out").glob(".export-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)  # until the export child runs
+    assert cli.poll() is None, cli.communicate()
+    time.sleep(1)
+    sent = time.monotonic()
+    if how == "ctrl-c":
+        os.killpg(cli.pid, signal.SIGINT)
+    else:
+        cli.send_signal(signal.SIGTERM)
+    out, err = cli.communicate(timeout=120)
+    took = time.monotonic() - sent
+    assert cli.returncode == 130, (out, err)
+    assert err.strip() == "interrupted: nothing published", err
+    assert took < 5, took
+    time.sleep(1)
+    assert _processes_with(marker) == []  # forkserver, export child and Prefect's API are gone
+    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("manifest.json"))
+    assert not [p for p in (tmp_path / "out").iterdir() if not p.name.startswith(".")]  # no export directory left

@@ -6,6 +6,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import warnings
@@ -19,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from prefect_executorch.errors import PrefectExecutorchError
+from prefect_executorch.errors import Interrupted, PrefectExecutorchError
 
 if TYPE_CHECKING:
     from prefect_executorch.embedded import EphemeralApi
@@ -103,12 +104,21 @@ def _debug_flag(ctx: typer.Context) -> bool:
 
 
 def handle_errors(function: F) -> F:
-    """Print our typed errors without a traceback and exit 2 (bad input) or 1 (failure)."""
+    """Print our typed errors without a traceback and exit 2 (bad input) or 1 (failure); 130 when interrupted."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return function(*args, **kwargs)
+            try:
+                return function(*args, **kwargs)
+            except KeyboardInterrupt:
+                raise Interrupted("stopped; its child processes with it") from None
+        except Interrupted as exc:
+            from prefect_executorch.isolation import stop_forkserver
+
+            stop_forkserver()
+            err_console.print(f"interrupted: {escape(str(exc))}", highlight=False)
+            raise typer.Exit(exc.exit_code) from None
         except PrefectExecutorchError as exc:
             if _debug():
                 raise
@@ -119,10 +129,16 @@ def handle_errors(function: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM as Ctrl-C: the command stops the same way (children killed, one line, exit 130)."""
+    raise KeyboardInterrupt
+
+
 @app.callback()
 def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
     """Export PyTorch models to ExecuTorch, validate them against eager PyTorch, publish bundles."""
     _quiet_defaults(debug)
+    signal.signal(signal.SIGTERM, _interrupt)
     if debug:
         # Written, not only kept: the error handler, the flows and child processes read the debug setting.
         os.environ[DEBUG_ENV] = "1"
@@ -177,8 +193,14 @@ def build(
             if prefect_start is None:
                 _start_children(ctx)
                 prefect_start = _start_prefect()
-            with embedded_settings(prefect_start.result()):
-                ref = build_bundle(spec, store=store, output=str(output) if output else None)
+            try:
+                with embedded_settings(prefect_start.result()):
+                    ref = build_bundle(spec, store=store, output=str(output) if output else None)
+            except KeyboardInterrupt:
+                # Publishing is all or nothing (the manifest goes last): either the bundle is there or nothing is.
+                after = list_bundles(opened, spec.name, spec.version)
+                raise Interrupted(f"published {after[0].prefix} before it stopped" if fresh and after
+                                  else "nothing published") from None
     print_build_summary(ref, view.seconds)
 
 

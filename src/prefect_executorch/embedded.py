@@ -71,7 +71,9 @@ class EphemeralApi:
         command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent), "--factory",
                    "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
                    "--log-level", "error", "--lifespan", "on"]
-        return subprocess.Popen(command, env=env), port
+        # Its own session: Ctrl-C reaches the whole foreground process group, and an API that died with it
+        # left the interrupted flow retrying its last reports for minutes. The CLI stops it, last.
+        return subprocess.Popen(command, env=env, start_new_session=True), port
 
     def _wait_healthy(self, env: dict[str, str], timeout_s: float) -> None:
         import httpx

@@ -137,6 +137,23 @@ def warm_up(quiet: bool = False) -> None:
     _ensure_forkserver(quiet)
 
 
+def stop_forkserver() -> None:
+    """Kill the forkserver now (an interrupted command must leave nothing running).
+
+    It ignores SIGINT, and while it still imports its preload it would notice its parent's exit only
+    when done. Each child is in a session of its own and is killed by ``run_isolated`` on its way out.
+    """
+    server: Any = multiprocessing.forkserver._forkserver  # type: ignore[attr-defined]  # CPython's one server
+    pid = server._forkserver_pid
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server._stop()  # reaps it and forgets it: a later child starts a new one
+
+
 class MemoryLimit(BaseModel):
     """How a child process is bounded: by address space (RLIMIT_AS) or by a watch on its resident memory."""
 
