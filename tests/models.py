@@ -298,3 +298,18 @@ class Spectrum(nn.Module):
 def spectrum() -> nn.Module:
     """torch.fft.rfft: complex intermediates, which ExecuTorch's lowering does not take."""
     return Spectrum()
+
+
+class Conv1dNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(4, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x))
+
+
+def conv1d() -> nn.Module:
+    """A 1-D convolution: with a dynamic batch its program cannot run the largest batch (ExecuTorch 1.4.1)."""
+    torch.manual_seed(6)
+    return Conv1dNet()

@@ -55,3 +55,33 @@ def test_an_operator_the_edge_dialect_refuses_is_named_with_its_dtypes_and_line(
     assert "refuses aten.abs.default with {'self': torch.complex64" in message
     assert "at models.py:" in message and "(return torch.fft.rfft(x).abs())" in message
     assert "try target 'portable'" not in message  # no target would take it
+
+
+def test_a_program_planned_below_the_specs_bound_fails_at_export_naming_the_bound(make_spec, tmp_path: Path) -> None:
+    # ExecuTorch 1.4.1 plans a Conv1d's dynamic batch 1..16 for at most 15: validation at the max shape then
+    # failed with a bare 0x10 (NotSupported), after everything else had passed.
+    spec = make_spec("conv1d", methods={"forward": {"inputs": [{"name": "x", "shape": [4, 4, 20],
+                                                                  "dynamic": {0: {"min": 1, "max": 16}}}]}})
+    with pytest.raises(ExportFailed) as info:
+        export_program(spec, tmp_path / "out")
+    message = str(info.value)
+    assert message.startswith("stage memory planning:")
+    assert "input 'x' is planned for at most [15, 4, 20], below the spec's largest shape [16, 4, 20]" in message
+    assert "set methods.forward.inputs['x'].dynamic.0.max to 15" in message
+
+
+def test_a_runtime_failure_carries_what_the_runtime_logged(make_spec, tmp_path: Path) -> None:
+    import torch
+
+    from prefect_executorch.errors import ValidationFailed
+    from prefect_executorch.runtime import LoadedProgram
+
+    spec = make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [4, 32],
+                                                              "dynamic": {0: {"min": 1, "max": 8}}}]}})
+    exported = export_program(spec, tmp_path / "out")
+    program = LoadedProgram(exported.path / exported.program)
+    with pytest.raises(ValidationFailed) as info:
+        program.execute("forward", (torch.randn(9, 32),))  # past the planned bound; run() would refuse it first
+    message = str(info.value)
+    assert "NotSupported" in message
+    assert "the runtime said: " in message and "Attempted to resize a bounded tensor" in message, message

@@ -12,7 +12,13 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import ChildProcessFailed, ExportFailed
-from prefect_executorch.exportstages import check_kernels, run_eager, run_lowering, run_torch_export
+from prefect_executorch.exportstages import (
+    check_kernels,
+    check_planned_bounds,
+    run_eager,
+    run_lowering,
+    run_torch_export,
+)
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.program import MethodFacts, read_program
@@ -84,6 +90,7 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
     if spec.external_weights and not data_files:
         raise ExportFailed("external_weights is set but the export wrote no .ptd file")
     methods = read_program(pte)
+    check_planned_bounds(methods, spec)
     check_kernels(methods, target.runtime_operators(), target.name)
     return ExportedProgramDir(
         out_dir=str(out_dir),

@@ -1,8 +1,9 @@
 """Export stage by stage, each failure an ``ExportFailed`` that names its stage and the real cause.
 
 Stages: the eager run on the generated inputs, ``torch.export`` (input problems told from output
-problems), lowering (to_edge, decompositions, partitioning, serialization), and the runtime check
-that every operator left to ExecuTorch's kernels has a kernel in the target's runtime.
+problems), lowering (to_edge, decompositions, partitioning, serialization), memory planning (each
+dynamic input is planned up to the spec's largest shape) and the runtime check that every operator
+left to ExecuTorch's kernels has a kernel in the target's runtime.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect_executorch.errors import ExportFailed
-from prefect_executorch.spec import FLOAT_DTYPES, MethodSpec
+from prefect_executorch.spec import FLOAT_DTYPES, BuildSpec, MethodSpec
 
 if TYPE_CHECKING:
     from prefect_executorch.program import MethodFacts
@@ -168,6 +169,28 @@ def run_lowering(lower: Callable[[], T], target: str) -> T:
             f"{stage}: {summary(exc)}\ntorch.export succeeded; an operator or pattern is not supported by this "
             f"target's lowering: {other}rewrite the construct named"
         ) from exc
+
+
+def check_planned_bounds(methods: dict[str, MethodFacts], spec: BuildSpec) -> None:
+    """Refuse a program whose memory plan holds an input below the spec's largest shape: it could not run it."""
+    short = []
+    for name, method in spec.methods.items():
+        facts = methods.get(name)
+        for declared, wanted in zip(facts.inputs if facts else [], method.inputs, strict=False):
+            if declared is None or not declared.dynamic:
+                continue
+            largest = [hi for _, hi in wanted.bounds()]
+            dims = [d for d, (planned, hi) in enumerate(zip(declared.sizes, largest, strict=False)) if planned < hi]
+            if dims:
+                fix = ", ".join(f"methods.{name}.inputs[{wanted.name!r}].dynamic.{d}.max to {declared.sizes[d]}" for d in dims)
+                short.append(f"method {name!r} input {wanted.name!r} is planned for at most {declared.sizes}, below the "
+                             f"spec's largest shape {largest}; set {fix}")
+    if short:
+        raise ExportFailed(
+            "stage memory planning: ExecuTorch planned an input's memory below the spec's dynamic bound, so the "
+            f"program cannot run the spec's largest shape (it would fail with NotSupported): {'; '.join(short)}\n"
+            "the plan follows torch.export's range analysis of the model, which can narrow a bound the spec declares"
+        )
 
 
 def check_kernels(methods: dict[str, MethodFacts], runtime_operators: set[str] | None, target: str) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -124,8 +126,39 @@ class LoadedProgram:
 
     def execute(self, method: str, inputs: tuple[torch.Tensor, ...]) -> list[Any]:
         """Execute ``method`` on inputs already checked (``run`` checks them first)."""
+        logged = _stderr_size()
         try:
             return list(self._module.run_method(method, inputs))
         except RuntimeError as exc:
             shapes = ", ".join(_describe(t) for t in inputs)
-            raise ValidationFailed(f"method {method!r} failed on inputs ({shapes}): {describe_runtime_error(exc)}") from None
+            said = runtime_log_since(logged)
+            reason = f"; the runtime said: {'; '.join(said)}" if said else ""
+            raise ValidationFailed(f"method {method!r} failed on inputs ({shapes}): {describe_runtime_error(exc)}"
+                                   f"{reason}") from None
+
+
+#: A line of ExecuTorch's runtime log: ``[tensor_impl.cpp:156] Attempted to resize a bounded tensor ...``.
+_RUNTIME_LOG_LINE = re.compile(r"^\[[\w./-]+\.\w+:\d+\] (.+)$")
+
+
+def _stderr_size() -> int | None:
+    """Bytes in this process's stderr when it is a file (a child's log, isolation.py), else None."""
+    try:
+        info = os.fstat(2)
+    except OSError:
+        return None
+    return info.st_size if stat.S_ISREG(info.st_mode) else None
+
+
+def runtime_log_since(offset: int | None, limit: int = 5) -> list[str]:
+    """What ExecuTorch's runtime logged to stderr after ``offset``: the reason behind a bare error code."""
+    if offset is None:
+        return []
+    try:
+        with open("/proc/self/fd/2", "rb") as log:
+            log.seek(offset)
+            text = log.read(65536).decode(errors="replace")
+    except OSError:
+        return []
+    lines = [match[1].strip() for line in text.splitlines() if (match := _RUNTIME_LOG_LINE.match(line.strip()))]
+    return lines[-limit:]
