@@ -376,9 +376,9 @@ def verify_bundle_dir(bundle_dir: Path) -> Manifest:
     return manifest
 
 
-def local_bundle(bundle_dir: Path) -> tuple[list[str], dict[str, DelegationFacts]]:
-    """The .ptd files and delegation counts of a local bundle: from its verified manifest, else the .ptd files present."""
+def local_bundle(bundle_dir: Path) -> tuple[Manifest | None, list[str], dict[str, DelegationFacts]]:
+    """A local bundle's verified manifest (None for a bare export), .ptd files and delegation counts."""
     if (bundle_dir / MANIFEST_FILE).exists():
         manifest = verify_bundle_dir(bundle_dir)
-        return manifest.data_files, manifest.delegation()
-    return sorted(p.name for p in bundle_dir.glob("*.ptd")), {}
+        return manifest, manifest.data_files, manifest.delegation()
+    return None, sorted(p.name for p in bundle_dir.glob("*.ptd")), {}

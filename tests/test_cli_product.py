@@ -136,6 +136,15 @@ def test_debug_is_accepted_after_the_command_too(built: Path) -> None:
     assert "Traceback" not in plain.stderr and "No such option" not in plain.stderr
 
 
+def test_validate_refuses_a_spec_of_another_model_or_version(built: Path) -> None:
+    pulled = built / "pulled-other"
+    assert run_cli("pull", "mlp", "--version", "1", "--to", str(pulled), cwd=built).returncode == 0
+    other = write_spec(built / "other-version.json", version="2")
+    result = run_cli("validate", str(other), str(pulled), cwd=built)
+    assert result.returncode == 2
+    assert "the spec is mlp 2 but" in result.stderr and "holds mlp 1" in result.stderr
+
+
 def test_help_is_whole_and_imports_neither_torch_nor_prefect(tmp_path: Path) -> None:
     result = subprocess.run([*CLI[:1], "-X", "importtime", *CLI[1:], "--help"], capture_output=True, text=True,
                             cwd=tmp_path, timeout=60)

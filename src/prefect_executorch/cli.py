@@ -347,6 +347,15 @@ def _revalidation_notes(spec: Any, manifest: Any) -> None:
             console.print(f"note: the weights differ from those {manifest.key.prefix} was built from")
 
 
+def _same_model(spec: Any, name: str, version: str, where: str) -> None:
+    """Refuse to validate a bundle against another model's spec (its inputs and tolerances would not be its own)."""
+    from prefect_executorch.errors import SpecError
+
+    if (spec.name, spec.version) != (name, version):
+        raise SpecError(f"validate: the spec is {spec.name} {spec.version} but {where} holds {name} {version}; "
+                        "validate a bundle with the spec it was built from (a copy with only tolerances changed is fine)")
+
+
 @app.command()
 @handle_errors
 def validate(
@@ -381,6 +390,7 @@ def validate(
             from prefect_executorch.artifacts.store import open_store
 
             store, key = parse_manifest_url(bundle)
+            _same_model(spec, key.name, key.version, bundle)
             manifest, bundle_dir = pull_fresh(open_store(store), key, root)
             console.print(f"pulled and verified {key.prefix} ({len(manifest.files)} files) into {bundle_dir}")
             _revalidation_notes(spec, manifest)
@@ -389,7 +399,9 @@ def validate(
             from prefect_executorch.artifacts.registry import local_bundle
 
             assert bundle_dir is not None
-            data_files, delegation = local_bundle(bundle_dir)
+            local, data_files, delegation = local_bundle(bundle_dir)
+            if local is not None:
+                _same_model(spec, local.name, local.version, str(bundle_dir))
         report = validate_program(spec, bundle_dir, data_files, scratch_dir=root, delegation=delegation)
         if report_path is not None:
             report_path.write_text(report.model_dump_json(indent=2))
