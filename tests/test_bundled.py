@@ -119,7 +119,7 @@ def test_large_programs_go_without_and_the_manifest_says_why(tmp_path: Path, mon
     assert skip_reason(program, xnnpack, BundledSettings(bundled_max_program_mib=4)) is None
     tensorrt = parse_spec(spec_data("mlp", target="tensorrt"))
     assert skip_reason(program, tensorrt, BundledSettings(bundled_max_program_mib=4)) == (
-        "bundled cases are built for the xnnpack, portable targets only, not 'tensorrt'")
+        "bundled cases are built for the xnnpack, portable, cuda targets only, not 'tensorrt'")
     # A quantized program's gate (cosine, relative error) is not what the bundled check can hold it to.
     quantized = parse_spec(spec_data("mlp", quantization={"scheme": "int8da4w"}))
     assert "quantized (int8da4w)" in str(skip_reason(program, quantized, BundledSettings(bundled_max_program_mib=4)))

@@ -56,7 +56,8 @@ def gpu() -> Toolchain:
     try:
         TARGET.check(spec_of("mlp", {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}), found)
     except ToolchainMismatch as exc:
-        pytest.skip(str(exc).replace("\n", " "))
+        headline, *problems = str(exc).split("\n  - ")
+        pytest.skip(f"{headline} {problems[0] if problems else ''} (all of them: prefect-executorch probe, docs/cuda.md)")
     return found
 
 

@@ -33,7 +33,7 @@ def test_each_target_parses_its_own_options(name: str) -> None:
 
 def test_devices_of_the_shipped_targets() -> None:
     assert {name: target.device for name, target in TARGETS.items()} == {
-        "xnnpack": "cpu", "portable": "cpu", "tensorrt": "cuda"}
+        "xnnpack": "cpu", "portable": "cpu", "cuda": "cuda", "tensorrt": "cuda"}
     assert [name for name in TARGETS if needs_cuda(name)] == ["cuda", "tensorrt"]
 
 
