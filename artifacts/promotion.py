@@ -102,13 +102,16 @@ def promote_checked(
             comparison = compare_bundles(store, current, key, validation=request.validation,
                                          scratch_dir=scratch_dir or Path(default_scratch))
         disagreements = [] if request.allow_output_change else comparison.disagreements()
+        regressions = comparison.regressions(request.max_latency_regression)
         problems = ([f"outputs disagree with {alias}: {line}" for line in disagreements]
-                    + [f"latency regression over {alias}: {line}" for line in
-                       comparison.regressions(request.max_latency_regression)])
+                    + [f"latency regression over {alias}: {line}" for line in regressions])
         if problems and not request.force:
+            fixes = (["pass --allow-output-change if its outputs differ by design (new weights, a quantized build; "
+                      "latency is still gated)"] if disagreements else [])
+            fixes += [f"raise --max-latency-regression (now {request.max_latency_regression:g})"] if regressions else []
             raise PromotionRefused(
                 f"{key.prefix} cannot take {alias} from {current.version} {current.target}/{current.compat}: "
-                + "; ".join(problems) + "; fix the candidate, raise --max-latency-regression, or pass --force "
+                + "; ".join(problems) + f"; fix the candidate, {', '.join(fixes)}, or pass --force "
                 "(the alias records what was overridden)")
         overridden = problems
     # The comparison was made against the alias's bundle of now: move only if nobody moved it meanwhile.

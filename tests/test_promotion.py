@@ -104,8 +104,10 @@ def test_a_looser_regression_limit_lets_the_slower_candidate_through(builds: Bui
 def test_disagreeing_outputs_are_refused_whatever_the_latency(builds: Builds) -> None:
     move(builds.store, "1", "other")
     with pytest.raises(PromotionRefused, match=r"outputs disagree with other: forward: 2 of 2 inputs disagree; "
-                                               r"output \[0\] at static .* beyond atol="):
+                                               r"output \[0\] at static .* beyond atol=") as refused:
         move(builds.store, "3", "other", max_latency_regression=1000)
+    assert "pass --allow-output-change if its outputs differ by design" in str(refused.value)
+    assert "--max-latency-regression" not in str(refused.value)  # the latency passed: no advice about it
     # New weights differ by design: only latency is gated, and the disagreement stays on record.
     record = move(builds.store, "3", "other", allow_output_change=True, max_latency_regression=1000)
     assert record.version == "3" and not record.forced and record.comparison is not None

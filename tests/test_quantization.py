@@ -194,6 +194,23 @@ def test_int8da4w_validates_against_float_eager_with_the_two_errors_apart(da4w: 
     assert summary.lowering_rel_error == max(c.lowering_error[0].rel_error or 0.0 for c in report.cases)
 
 
+def test_a_quantized_bundle_carries_its_cases_and_verifies_them_by_its_own_gates(
+        da4w: tuple[BuildSpec, Path, Manifest], tmp_path: Path) -> None:
+    from prefect_executorch.bundled import BUNDLED_FILE, run_bundled_cases, verify_bundled
+
+    _, bundle, manifest = da4w
+    facts = manifest.bundled
+    assert facts is not None and facts.file == BUNDLED_FILE and facts.skipped is None
+    method = facts.methods["forward"]
+    assert (method.atol, method.rtol, method.min_cosine, method.max_rel_error) == (None, None, 0.98, 0.2)
+    check = run_bundled_cases(bundle, manifest.target, manifest.data_files, facts, scratch_dir=tmp_path)
+    assert len(check.results) == 6 and not check.failures
+    # The same cases held to a relative error the 4-bit weights cannot meet: every case fails, by that gate.
+    strict = {"forward": method.model_copy(update={"max_rel_error": 1e-6})}
+    failed = verify_bundled(bundle, manifest.target, manifest.data_files, strict, scratch_dir=tmp_path)
+    assert len(failed.failures) == 6 and all("relative error" in (r.error or "") for r in failed.failures)
+
+
 def test_a_tighter_relative_error_per_output_fails_and_names_both_parts(
     da4w: tuple[BuildSpec, Path, Manifest], tmp_path: Path
 ) -> None:

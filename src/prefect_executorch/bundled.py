@@ -38,8 +38,16 @@ class BundledMethod(BaseModel):
     """The cases of one method in the ``.bpte``, in order, and the tolerances they are checked at."""
 
     cases: list[str] = Field(description="Case labels, e.g. 'min[0]', 'samples_file[2]', by index in the .bpte.")
-    atol: float = Field(description="Loosest absolute tolerance validation held this method's outputs to.")
-    rtol: float = Field(description="Loosest relative tolerance validation held this method's outputs to.")
+    atol: float | None = Field(None, description="Loosest absolute tolerance validation held this method's outputs "
+                               "to; None: no element-wise check (a quantized build's gates are the two below).")
+    rtol: float | None = Field(None, description="Loosest relative tolerance, likewise.")
+    min_cosine: float | None = Field(None, description="Lowest cosine floor validation held the outputs to.")
+    max_rel_error: float | None = Field(None, description="Loosest |program - eager| / |eager| allowed (quantized builds).")
+
+    @property
+    def elementwise(self) -> bool:
+        """Whether the cases are held element-wise (what ExecuTorch's own bundled verifier checks)."""
+        return self.atol is not None or self.rtol is not None
 
 
 class BundledFacts(BaseModel):
@@ -92,9 +100,6 @@ def skip_reason(program: Path, spec: BuildSpec, settings: BundledSettings | None
     target = spec.target_name
     if target not in BUNDLED_TARGETS:
         return f"bundled cases are built for the {', '.join(BUNDLED_TARGETS)} targets only, not {target!r}"
-    if spec.quantization is not None:
-        return (f"a quantized ({spec.quantization.scheme}) program is held to a cosine floor and a relative error "
-                "against the float model, which ExecuTorch's bundled check (element-wise atol/rtol) cannot express")
     limit = (settings or _bundled_settings()).bundled_max_program_mib
     size_mib = program.stat().st_size / 2**20
     if size_mib > limit:
@@ -105,13 +110,19 @@ def skip_reason(program: Path, spec: BuildSpec, settings: BundledSettings | None
 
 def method_cases(report: ValidationReport) -> dict[str, BundledMethod]:
     """Labels and tolerances of the cases validation ran, per method, in the order the ``.bpte`` holds them."""
+    def loosest(values: list[float | None], pick: Any) -> float | None:
+        given = [value for value in values if value is not None]
+        return pick(given) if given else None
+
     methods: dict[str, BundledMethod] = {}
     for case in report.cases:
-        entry = methods.setdefault(case.method, BundledMethod(cases=[], atol=0.0, rtol=0.0))
+        entry = methods.setdefault(case.method, BundledMethod(cases=[]))
         entry.cases.append(f"{case.shape_label}[{case.sample}]")
-        # Element-wise limits: every output of a bundled (unquantized) program has them.
-        entry.atol = max([entry.atol] + [out.atol or 0.0 for out in case.outputs])
-        entry.rtol = max([entry.rtol] + [out.rtol or 0.0 for out in case.outputs])
+        outs = case.outputs
+        entry.atol = loosest([entry.atol, *(o.atol for o in outs)], max)
+        entry.rtol = loosest([entry.rtol, *(o.rtol for o in outs)], max)
+        entry.min_cosine = loosest([entry.min_cosine, *(o.min_cosine for o in outs)], min)
+        entry.max_rel_error = loosest([entry.max_rel_error, *(o.max_rel_error for o in outs)], max)
     return methods
 
 
@@ -167,11 +178,11 @@ def _bundled_tensors(values: list[Any]) -> list[torch.Tensor]:
     return tensors
 
 
-def _check_with_data_map(module: Any, suites: dict[str, Any], name: str, index: int, method: BundledMethod) -> None:
-    """One case of a program with external weights, by the verifier's rule ``|out - expected| <= atol + rtol * |expected|``.
+def _check_case(module: Any, suites: dict[str, Any], name: str, index: int, method: BundledMethod) -> None:
+    """One case run by a module ExecuTorch loaded from the ``.bpte``, held to the method's recorded limits.
 
-    ExecuTorch 1.4.1's bundled verifier cannot take the .ptd (its BundledModule loads the program
-    without a data map and crashes), so the module loaded with ``data_map_buffer`` runs the case.
+    Element-wise by the verifier's rule ``|out - expected| <= atol + rtol * |expected|``; a quantized build
+    by its cosine floor and relative error against the float model's outputs.
     """
     import torch
 
@@ -183,10 +194,19 @@ def _check_with_data_map(module: Any, suites: dict[str, Any], name: str, index: 
     for position, (got, want) in enumerate(zip(outputs, expected, strict=False)):
         if got.shape != want.shape or got.dtype != want.dtype:
             raise ValidationFailed(f"output {position} is {got.dtype} {list(got.shape)}, expected {want.dtype} {list(want.shape)}")
-        if not torch.allclose(got, want, rtol=method.rtol, atol=method.atol, equal_nan=True):
+        atol, rtol = method.atol or 0.0, method.rtol or 0.0
+        if method.elementwise and not torch.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True):
             worst = float((got.double() - want.double()).abs().max())
-            raise ValidationFailed(f"output {position} mismatched: max abs error {worst:.3g} beyond atol={method.atol:g} "
-                                   f"+ rtol={method.rtol:g}*|expected|")
+            raise ValidationFailed(f"output {position} mismatched: max abs error {worst:.3g} beyond atol={atol:g} "
+                                   f"+ rtol={rtol:g}*|expected|")
+        a, e = got.double().flatten(), want.double().flatten()
+        norms = float(a.norm() * e.norm())
+        cosine = float(torch.dot(a, e)) / norms if norms else float(torch.equal(a, e))
+        if method.min_cosine is not None and cosine < method.min_cosine:
+            raise ValidationFailed(f"output {position}: cosine similarity {cosine:.6f} < {method.min_cosine:g}")
+        rel = float((a - e).norm() / e.norm()) if e.norm() > 0 else float(not torch.equal(a, e))
+        if method.max_rel_error is not None and rel > method.max_rel_error:
+            raise ValidationFailed(f"output {position}: relative error {rel:.4g} > {method.max_rel_error:g}")
 
 
 def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
@@ -204,7 +224,9 @@ def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
     # ExecuTorch's bundled verifier cannot take a .ptd (1.4.1 loads the program without its data map and crashes),
     # and on a CUDA-delegated program it breaks the CUDA context ("cudaMemcpy D2H failed: an illegal memory
     # access"): such programs run their cases through a module loaded with the data map instead.
-    through_module = data is not None or get_target(req.target).device == "cuda"
+    # Limits the verifier cannot express (a quantized build's cosine floor) are checked the same way.
+    through_module = (data is not None or get_target(req.target).device == "cuda"
+                      or not all(method.elementwise for method in req.methods.values()))
     try:
         program = portable_lib._load_bundled_program_from_buffer(buffer)
         module = (portable_lib._load_for_executorch_from_bundled_program(program, data_map_buffer=data)
@@ -224,9 +246,9 @@ def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
             error = None
             try:
                 if module is None:
-                    program.verify_result_with_bundled_expected_output(name, index, method.rtol, method.atol)
+                    program.verify_result_with_bundled_expected_output(name, index, method.rtol or 0.0, method.atol or 0.0)
                 else:
-                    _check_with_data_map(module, suites, name, index, method)
+                    _check_case(module, suites, name, index, method)
             except (RuntimeError, ValidationFailed) as exc:
                 error = describe_runtime_error(exc) if isinstance(exc, RuntimeError) else str(exc)
             results.append(BundledCaseResult(method=name, index=index, label=label, error=error))
@@ -234,14 +256,15 @@ def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
 
 
 def verify_bundled(bundle_dir: Path, target: str, data_files: list[str], methods: dict[str, BundledMethod],
-                   *, scratch_dir: Path | None = None, settings: BundledSettings | None = None) -> BundledCheck:
+                   *, scratch_dir: Path | None = None, settings: BundledSettings | None = None,
+                   shown_as: Path | None = None) -> BundledCheck:
     """Run every case of ``bundle_dir``'s ``.bpte`` in a child process; a crash of the runtime fails it."""
     request = VerifyBundledRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, methods=methods)
     with tempfile.TemporaryDirectory(prefix="bundled-", dir=scratch_dir) as scratch:
         try:
             return run_isolated("verify-bundled", request, BundledCheck,
                                 timeout_s=(settings or _bundled_settings()).bundled_timeout_s, scratch_dir=Path(scratch),
-                                what=f"the bundled cases of {bundle_dir}")
+                                what=f"the bundled cases of {shown_as or bundle_dir}")
         except ChildProcessFailed as exc:
             raise ValidationFailed(f"{exc}; the bundled program did not run on this machine") from exc
 
@@ -257,12 +280,16 @@ def require_bundled_passed(check: BundledCheck, where: Path) -> None:
 
 
 def run_bundled_cases(bundle_dir: Path, target: str, data_files: list[str], facts: BundledFacts | None,
-                      *, scratch_dir: Path | None = None) -> BundledCheck:
-    """Run a bundle's own cases on this machine; ``ValidationFailed`` if it has none or one fails."""
+                      *, scratch_dir: Path | None = None, shown_as: Path | None = None) -> BundledCheck:
+    """Run a bundle's own cases on this machine; ``ValidationFailed`` if it has none or one fails.
+
+    ``shown_as`` is the folder the user knows (a pull checks its download before moving it there).
+    """
+    where = shown_as or bundle_dir
     if facts is None or facts.file is None:
         why = facts.skipped if facts else "it was published before bundles carried their test cases"
-        raise ValidationFailed(f"{bundle_dir} has no {BUNDLED_FILE} to run ({why}); nothing was verified: "
+        raise ValidationFailed(f"{where} has no {BUNDLED_FILE} to run ({why}); nothing was verified: "
                                "revalidate it against the model with `prefect-executorch validate` instead")
-    check = verify_bundled(bundle_dir, target, data_files, facts.methods, scratch_dir=scratch_dir)
-    require_bundled_passed(check, bundle_dir)
+    check = verify_bundled(bundle_dir, target, data_files, facts.methods, scratch_dir=scratch_dir, shown_as=where)
+    require_bundled_passed(check, where)
     return check

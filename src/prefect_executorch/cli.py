@@ -502,7 +502,8 @@ def pull(
     opened = _open(store, endpoint_url)
     resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
     manifest = registry.pull(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256, check=(
-        (lambda staged, got: run_bundled_cases(staged, got.target, got.data_files, got.bundled, scratch_dir=to.parent))
+        (lambda staged, got: run_bundled_cases(staged, got.target, got.data_files, got.bundled, scratch_dir=to.parent,
+                                               shown_as=to))
         if run_cases else None))
     console.print(f"[bold green]pulled[/] {resolved.key.prefix} ({resolved.reason}) into {to}")
     console.print(f"{len(manifest.files)} files verified; program {manifest.program}"
