@@ -13,6 +13,7 @@ from prefect_executorch import __version__
 from prefect_executorch.bundled import BundledFacts
 from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import SpecError
+from prefect_executorch.fingerprint import BuildFingerprint
 from prefect_executorch.lineage import Lineage
 from prefect_executorch.program import MethodFacts
 from prefect_executorch.quantization import QuantizationFacts
@@ -116,6 +117,9 @@ class Manifest(BaseModel):
     weights_sha256: str | None = None
     quantization: QuantizationFacts | None = Field(None, description="Scheme, group size, calibration, torchao or ModelOpt version.")
     fingerprint: str | None = Field(None, description="Build fingerprint (fingerprint.py): an unchanged rebuild has the same.")
+    build_inputs: BuildFingerprint | None = Field(
+        None, description="The fingerprint's parts (content hashes, the spec without paths, the toolchain): a changed "
+        "rebuild is told which of them changed.")
     validation: ValidationSummary
     bundled: BundledFacts | None = Field(None, description="The .bpte of the validation cases, or why there is none.")
     lineage: Lineage | None = Field(default=None, description="Sources, git commit, weights and training run.")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey, Manifest
 from prefect_executorch.artifacts.registry import BundleRef, read_manifest
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import BundleConflict
-from prefect_executorch.fingerprint import build_fingerprint
+from prefect_executorch.fingerprint import BuildFingerprint, build_fingerprint
 from prefect_executorch.hashing import sha256_bytes
 from prefect_executorch.spec import BuildSpec
 from prefect_executorch.toolchain import Toolchain
@@ -19,6 +21,7 @@ class PublishedBuild(BaseModel):
 
     published: bool
     ref: BundleRef | None = None  # set when the published bundle came from an identical build
+    inputs: BuildFingerprint = Field(description="What decides this build's bundle (recorded in its manifest).")
     fingerprint: str = Field(description="This build's fingerprint key: the build's cache key, computed once here.")
     store_url: str = Field(description="The URL of the store the build publishes to.")
 
@@ -31,7 +34,7 @@ def check_rebuild(spec: BuildSpec, toolchain: Toolchain, compat: str, store: Obj
     """
     key = BundleKey.of(spec.name, spec.version, spec.target_name, compat)
     fingerprint = build_fingerprint(spec, toolchain, compat, store.url)
-    build = {"fingerprint": fingerprint.key(), "store_url": store.url}
+    build = {"inputs": fingerprint, "fingerprint": fingerprint.key(), "store_url": store.url}
     where = key.key(MANIFEST_FILE)
     if not store.exists(where):
         return PublishedBuild(published=False, **build)
@@ -42,15 +45,36 @@ def check_rebuild(spec: BuildSpec, toolchain: Toolchain, compat: str, store: Obj
         ref = BundleRef(store=store.url, key=key, manifest_key=where, manifest_sha256=sha256_bytes(data), cache_hit=True)
         return PublishedBuild(published=True, ref=ref, **build)
     raise BundleConflict(
-        f"{key.prefix} is already published in {store.url} by a different build ({_what_changed(manifest, spec.sha256(), fingerprint.weights_sha256)}); "
+        f"{key.prefix} is already published in {store.url} by a different build ({what_changed(manifest, fingerprint)}); "
         "nothing was exported: give the spec a new version (bundles are never overwritten)"
     )
 
 
-def _what_changed(manifest: Manifest, spec_sha256: str, weights_sha256: str | None) -> str:
+def _changed_fields(before: Any, after: Any, path: str = "") -> list[str]:
+    """Dotted paths of the spec fields whose values differ (``validation.atol``, ``methods.forward.inputs``)."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [field for name in sorted(set(before) | set(after))
+                for field in _changed_fields(before.get(name), after.get(name), f"{path}.{name}" if path else name)]
+    return [] if before == after else [path or "spec"]
+
+
+def what_changed(manifest: Manifest, now: BuildFingerprint) -> str:
+    """What differs between the build that published ``manifest`` and this one, each part named."""
+    was = manifest.build_inputs
+    if was is None:  # published before manifests recorded their build's inputs
+        changed = ["the spec differs"] if manifest.weights_sha256 == now.weights_sha256 else ["the weights differ"]
+        return ", ".join(changed) + " (or the model source or the toolchain; this bundle predates the record of each)"
     changed = []
-    if manifest.spec_sha256 != spec_sha256:
-        changed.append("the spec differs")
-    if manifest.weights_sha256 != weights_sha256:
-        changed.append("the weights differ")
-    return ", ".join(changed) or "the model source or the toolchain differs"
+    if was.model_source_sha256 != now.model_source_sha256:
+        changed.append(f"the model's source file changed (sha256 {was.model_source_sha256[:12]}… -> "
+                       f"{now.model_source_sha256[:12]}…)")
+    if was.weights_sha256 != now.weights_sha256:
+        changed.append("the weights changed")
+    fields = _changed_fields(was.spec, now.spec)
+    if fields:
+        changed.append("spec fields changed: " + ", ".join(fields))
+    tools = [f"{name} {was.toolchain.get(name)} -> {now.toolchain.get(name)}"
+             for name in sorted(set(was.toolchain) | set(now.toolchain)) if was.toolchain.get(name) != now.toolchain.get(name)]
+    if tools:
+        changed.append("the toolchain changed: " + ", ".join(tools))
+    return "; ".join(changed) or "its fingerprint differs"

@@ -45,6 +45,7 @@ from prefect_executorch.errors import (
     PrefectExecutorchError,
 )
 from prefect_executorch.exporter import ExportedProgramDir
+from prefect_executorch.fingerprint import BuildFingerprint
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.lineage import Lineage
 from prefect_executorch.report import ValidationReport
@@ -318,7 +319,7 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
 
 def prepare_bundle(
     spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport,
-    fingerprint: str | None = None, lineage: Lineage | None = None, compat: str | None = None,
+    build_inputs: BuildFingerprint | None = None, lineage: Lineage | None = None, compat: str | None = None,
 ) -> Manifest:
     """Write ``validation.json`` into the export directory and build the bundle's manifest.
 
@@ -345,7 +346,8 @@ def prepare_bundle(
         spec_sha256=spec.sha256(),
         weights_sha256=export.weights_sha256,
         quantization=export.quantization,
-        fingerprint=fingerprint,
+        fingerprint=build_inputs.key() if build_inputs else None,
+        build_inputs=build_inputs,
         validation=report.summary(),
         bundled=bundled,
         lineage=lineage,

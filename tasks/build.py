@@ -50,4 +50,4 @@ def build_and_publish(
                               published.store_url,
                               payload={"error": str(exc).splitlines()[0]})
             raise
-    return publish_bundle(spec, toolchain, export, report, store, published.fingerprint, weights_uri, training_run, compat)
+    return publish_bundle(spec, toolchain, export, report, store, published.inputs, weights_uri, training_run, compat)

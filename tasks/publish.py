@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.registry import BundleRef, prepare_bundle, publish
 from prefect_executorch.artifacts.store import open_store
 from prefect_executorch.exporter import ExportedProgramDir
+from prefect_executorch.fingerprint import BuildFingerprint
 from prefect_executorch.lineage import collect_lineage
 from prefect_executorch.progress import stage
 from prefect_executorch.report import ValidationReport
@@ -25,11 +26,11 @@ if TYPE_CHECKING:
 @task(name="publish", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=retry_transient)
 def publish_bundle(
     spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport, store: str | Block,
-    fingerprint: str | None = None, weights_uri: str | None = None, training_run: str | None = None,
+    build_inputs: BuildFingerprint | None = None, weights_uri: str | None = None, training_run: str | None = None,
     compat: str | None = None,
 ) -> BundleRef:
     """Write the manifest (with the build's lineage) and publish the bundle to ``store`` (a URL or an S3Bucket block)."""
-    manifest = prepare_bundle(spec, toolchain, export, report, fingerprint,
+    manifest = prepare_bundle(spec, toolchain, export, report, build_inputs,
                               collect_lineage(spec, weights_uri, training_run), compat)
     with stage("publish"):
         ref = publish(open_store(store), export.path, manifest)

@@ -75,7 +75,7 @@ def test_a_changed_build_of_a_published_version_is_refused_before_export(make_sp
     first, _ = _build(spec, store, out)
     changed = spec.model_copy(update={"validation": spec.validation.model_copy(update={"samples": 2})})
     with pytest.raises(BundleConflict, match=rf"{first.key.prefix} is already published .* by a different build "
-                                             r"\(the spec differs\); nothing was exported"):
+                                             r"\(spec fields changed: validation\.samples\); nothing was exported"):
         build_bundle(changed, store=str(store.root), output=str(out))
     assert len(_exports(out)) == 1  # no second export directory: the refusal came first
 

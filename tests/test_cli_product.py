@@ -55,8 +55,30 @@ def test_changed_build_of_a_published_version_is_refused_before_export(built: Pa
     result = run_cli("build", str(changed), "--output", str(built / "out-changed"), cwd=built)
     assert result.returncode == 1
     assert "BundleConflict: mlp/1/portable/" in result.stderr
-    assert "by a different build (the spec differs); nothing was exported" in result.stderr
+    assert "by a different build (spec fields changed: validation.samples); nothing was exported" in result.stderr
     assert not (built / "out-changed").exists()
+
+
+def test_a_moved_copy_with_an_edited_model_is_refused_for_its_source_not_its_path(tmp_path: Path) -> None:
+    import shutil
+
+    first = tmp_path / "first"
+    first.mkdir()
+    shutil.copy(Path(__file__).parent.parent / "examples" / "convnet" / "model.py", first / "model.py")
+    (first / "spec.json").write_text(json.dumps(spec_data("convnet", model="model.py:build", target="portable",
+                                                          methods={"forward": {"inputs": [{"name": "x", "shape": [1, 3, 8, 8]}]}})))
+    store = str(tmp_path / "store")
+    assert run_cli("build", str(first / "spec.json"), "--store", store, cwd=tmp_path).returncode == 0
+    moved = tmp_path / "elsewhere" / "moved"
+    shutil.copytree(first, moved)
+    same = run_cli("build", str(moved / "spec.json"), "--store", store, cwd=tmp_path)
+    assert same.returncode == 0 and "cache hit" in same.stdout  # another folder alone changes nothing
+    source = (moved / "model.py").read_text()
+    (moved / "model.py").write_text(source.replace("num_classes: int = 10", "num_classes: int = 12"))
+    edited = run_cli("build", str(moved / "spec.json"), "--store", store, cwd=tmp_path)
+    assert edited.returncode == 1
+    assert "by a different build (the model's source file changed" in edited.stderr, edited.stderr
+    assert "spec" not in edited.stderr.split("by a different build")[1].split(")")[0]
 
 
 def test_ls_without_a_name_lists_models_and_unknown_models_exit_1(built: Path) -> None:
