@@ -25,6 +25,8 @@ def cell(value: Any, column: str = "") -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
+        if column == "regression":
+            return f"{value:+.0%}"
         return f"{value:.6f}" if column.endswith("cosine") else f"{value:.3g}"
     return str(value)
 

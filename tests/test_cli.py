@@ -93,7 +93,7 @@ def test_probe_json_describes_this_machine(tmp_path: Path) -> None:
 
 def test_inspect_refuses_a_directory_without_manifest(tmp_path: Path) -> None:
     result = _run("inspect", str(tmp_path), cwd=tmp_path)
-    assert result.returncode == 1 and "has no manifest.json" in result.stderr
+    assert result.returncode == 2 and "has no manifest.json" in result.stderr  # a wrong path: bad input
 
 
 def test_cli_validate_needs_exactly_one_bundle(tmp_path: Path) -> None:

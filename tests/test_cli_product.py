@@ -150,6 +150,34 @@ def test_commands_that_start_children_print_no_third_party_noise(built: Path) ->
         assert not _noise(result), (command, _noise(result), result.stderr)
 
 
+def test_tables_fit_80_columns_and_json_has_every_value(built: Path) -> None:
+    pulled = built / "pulled-narrow"
+    assert run_cli("pull", "mlp", "--version", "1", "--to", str(pulled), cwd=built).returncode == 0
+    narrow = {**os.environ, "COLUMNS": "80", "PREFECT_EXECUTORCH_STORE": str(built / "store")}
+    result = subprocess.run([*CLI, "validate", str(built / "spec.json"), str(pulled)], capture_output=True, text=True,
+                            cwd=built, env=narrow, timeout=600)
+    assert result.returncode == 0, result.stderr
+    table_lines = [line for line in result.stdout.splitlines() if line.startswith(" ")]  # prose lines wrap
+    assert table_lines and max(map(len, table_lines)) <= 80 and "…" not in result.stdout, result.stdout
+    # promote's side-by-side table, its worst disagreement a long line: under the table, whole.
+    from rich.console import Console
+
+    from prefect_executorch.cli import _rows_table
+    from prefect_executorch.sidebyside import ComparisonRow
+
+    worst = "output [0] at static [[2, 32]]: 100.00% of elements beyond atol=0.0001 + rtol=1e-05*|eager| from default"
+    row = ComparisonRow(method="forward_with_a_long_name", inputs=12, disagreeing=12, current_p50_ms=0.0812345,
+                        candidate_p50_ms=0.0923456, current_p99_ms=0.12, candidate_p99_ms=0.14, regression=0.1367,
+                        stable=True, worst=worst)
+    console = Console(width=80, record=True, soft_wrap=True)
+    console.print(_rows_table("prod: 2 beside the bundle it held", [row]))
+    shown = console.export_text()
+    assert "…" not in shown and "0.0812" in shown and "forward_with_a_long_name" in shown and worst in shown, shown
+    report = json.loads(run_cli("validate", str(built / "spec.json"), str(pulled), "--json", cwd=built).stdout)
+    assert report["passed"] and report["cases"][0]["outputs"][0]["max_abs"] is not None
+    assert json.loads(run_cli("promote", "mlp", "1", "--alias", "narrow", "--json", cwd=built).stdout)["version"] == "1"
+
+
 def test_debug_is_accepted_after_the_command_too(built: Path) -> None:
     for args in (["--debug", "inspect", str(built / "nothing-here")], ["inspect", str(built / "nothing-here"), "--debug"]):
         result = run_cli(*args, cwd=built)

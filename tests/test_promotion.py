@@ -126,7 +126,7 @@ def test_cli_refuses_with_one_message_and_records_force(builds: Builds) -> None:
     assert "outputs disagree with cli" in refused.output and "pass --force" in refused.output
     forced = runner.invoke(app, ["promote", "mlp", "3", "--alias", "cli", "--force", "--store", store])
     assert forced.exit_code == 0, forced.output
-    assert "forced over: outputs disagree with cli" in forced.output and "disagreeing" in forced.output
+    assert "forced over: outputs disagree with cli" in forced.output and "differ" in forced.output
     found = read_alias(builds.store, "mlp", "cli")
     assert found is not None and found[0].forced and found[0].version == "3"
 

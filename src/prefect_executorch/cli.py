@@ -313,23 +313,47 @@ def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     console.print("stages: " + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
 
 
+#: The columns a terminal table shows per row type (field, header), narrow enough for 80 columns; the rest of
+#: each row goes under the table (``_BELOW``) or, whole, to ``--json``.
+_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "MethodRow": [("method", "method"), ("delegated", "delegated"), ("eager_median_ms", "eager p50 ms"),
+                  ("program_median_ms", "program p50 ms"), ("latency_ratio", "ratio"), ("first_call_ms", "1st call ms")],
+    "ShapeRow": [("method", "method"), ("shape", "shape"), ("result", "result"), ("cases", "cases"),
+                 ("failed", "failed"), ("max_abs", "max abs err"), ("min_cosine", "min cosine")],
+    "ComparisonRow": [("method", "method"), ("inputs", "inputs"), ("disagreeing", "differ"),
+                      ("current_p50_ms", "now ms"), ("candidate_p50_ms", "new ms"), ("regression", "p50"),
+                      ("stable", "stable")],
+}
+_BELOW: dict[str, tuple[str, str]] = {"MethodRow": ("delegates", "delegates"), "ShapeRow": ("input_shapes", "inputs"),
+                                      "ComparisonRow": ("worst", "worst")}
+
+
 def _rows_table(title: str, rows: list[Any]) -> Table:
+    """``rows`` as a narrow table; each row's long field follows it as a line of its own."""
+    from rich import box
     from rich.text import Text
 
     from prefect_executorch.artifacts.reports import cell
 
-    table = Table(title=title)
-    columns = list(type(rows[0]).model_fields) if rows else []
-    for column in columns:
-        table.add_column(column.replace("_", " "))
+    kind = type(rows[0]).__name__ if rows else ""
+    columns = _COLUMNS.get(kind) or [(name, name.replace("_", " ")) for name in (type(rows[0]).model_fields if rows else [])]
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 2, 0, 0),
+                  caption_justify="left")
+    for _, header in columns:
+        table.add_column(header, no_wrap=True)
+    below = []
     for row in rows:
-        values = [cell(getattr(row, column), column) for column in columns]
+        values = [cell(getattr(row, field), field) for field, _ in columns]
         table.add_row(*(Text(v, style="red" if v.startswith("FAIL") else "green" if v == "pass" else "") for v in values))
+        if kind in _BELOW:
+            field, label = _BELOW[kind]
+            below.append(f"{' '.join(values[:2]) if kind == 'ShapeRow' else values[0]} {label}: {getattr(row, field)}")
+    table.caption = "\n".join(below) or None
     return table
 
 
 def print_report(report: Any) -> None:
-    """The validation report as rich tables: methods, method x shape, gates and the worst output."""
+    """The validation report as narrow tables: methods, method x shape, gates and the worst output."""
     console.print(_rows_table("program vs eager PyTorch, per method", report.method_rows()))
     console.print(_rows_table("per method x shape (worst over samples and outputs)", report.shape_rows()))
     for gate in report.gates:
@@ -368,6 +392,7 @@ def validate(
     ),
     output: Path | None = typer.Option(None, "--output", help="Pull --bundle under this directory (default: temporary)."),
     report_path: Path | None = typer.Option(None, "--report", help="Also write the report as JSON to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole report as JSON instead of the tables."),
 ) -> None:
     """Run a program and the eager model on the same inputs; exit 1 on a mismatch or a failed gate."""
     import shutil
@@ -405,12 +430,16 @@ def validate(
         report = validate_program(spec, bundle_dir, data_files, scratch_dir=root, delegation=delegation)
         if report_path is not None:
             report_path.write_text(report.model_dump_json(indent=2))
-        print_report(report)
+        if as_json:
+            sys.stdout.write(report.model_dump_json(indent=2) + "\n")
+        else:
+            print_report(report)
         require_passed(report, triage_failure(spec, report, bundle_dir, data_files, scratch_dir=root))
     finally:
         if output is None:
             shutil.rmtree(root, ignore_errors=True)
-    console.print("[bold green]validation passed[/]")
+    if not as_json:
+        console.print("[bold green]validation passed[/]")
 
 
 @app.command()
@@ -531,6 +560,7 @@ def promote(
         None, "--spec", help="Spec whose validation tolerances and latency settings the side-by-side uses."),
     store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the alias record (with the whole comparison) as JSON."),
 ) -> None:
     """Point an alias at a validated bundle that agrees with and is no slower than the alias's (compare-and-swap)."""
     from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
@@ -541,6 +571,9 @@ def promote(
         expect_version=expect_version, max_latency_regression=max_latency_regression,
         allow_output_change=allow_output_change, validation=load_spec(spec_file).validation if spec_file else ValidationSpec())
     record = promote_checked(_open(store, endpoint_url), request)
+    if as_json:
+        sys.stdout.write(record.model_dump_json(indent=2) + "\n")
+        return
     if record.comparison is not None:
         console.print(_rows_table(f"{alias}: {version} beside the bundle it held", record.comparison.rows()))
     before = record.previous
