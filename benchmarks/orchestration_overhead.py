@@ -92,7 +92,7 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=3, help="Builds per side (the median is compared).")
     args = parser.parse_args()
@@ -130,11 +130,11 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=30)
     p, f = spread(plain)["median_s"], spread(flow)["median_s"]
-    report("orchestration_overhead", f / p, "<=1.15", {
+    return 0 if report("orchestration_overhead", f / p, "<=1.15", {
         "plain_script": spread(plain), "build_bundle_flow": spread(flow),
         "prefect_server_start_s (one-time, excluded)": round(prefect_start, 2), "repeat": args.repeat,
-    })
+    }) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

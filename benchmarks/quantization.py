@@ -84,7 +84,7 @@ def interleaved_latency(programs: dict[str, str], width: int, rounds: int, runs:
     return medians
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--smoke", action="store_true", help="Width 256 (0.5 MiB of weights): the small size CI runs.")
     parser.add_argument("--rounds", type=int, default=10, help="Interleaved timing rounds.")
@@ -121,8 +121,8 @@ def main() -> None:
                                "goals": {name: f"size <= {goal}x float32" for name, goal in GOALS.items()},
                                "failed_gates": failed, "warm_up_s": warm_up_s}
     # A build that fails its gates fails the run, whatever its size.
-    report("quantization", worst if not failed else float("inf"), "<=1", figures)
+    return 0 if report("quantization", worst if not failed else float("inf"), "<=1", figures) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

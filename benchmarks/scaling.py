@@ -74,7 +74,7 @@ def plot(rows: list[dict[str, float]]) -> Path:
     return path
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 50, 500])
     parser.add_argument("--runs", type=int, default=3, help="Builds per size (at least 3; medians are compared).")
@@ -98,8 +98,8 @@ def main() -> None:
     figures["warm_up_build_s (excluded)"] = warm_up_s
     small, large = rows[0], rows[-1]
     growth = (large["build_s"] / small["build_s"]) / max(large["bundle_mb"] / small["bundle_mb"], 1.0)
-    report("scaling", growth, "<=1", figures)
+    return 0 if report("scaling", growth, "<=1", figures) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
