@@ -60,6 +60,7 @@ def test_server_killed_mid_multipart_publish(real_bundle: Callable[[str], RealBu
         assert pull(store, ref.key, tmp_path / "pulled") == bundle.manifest
         assert verify_bundle_dir(tmp_path / "pulled") == bundle.manifest
         # What the killed upload left (an unfinished multipart upload) is gc's, and only that.
+        assert store.incomplete_uploads(""), "the killed upload left no unfinished multipart upload to clear"
         report = gc(store, grace=timedelta(0), apply=True)
         assert [o.key for o in report.orphans] == [] and store.incomplete_uploads("") == []
         assert pull(store, ref.key, tmp_path / "again") == bundle.manifest

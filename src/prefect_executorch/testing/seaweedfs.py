@@ -182,8 +182,9 @@ class SeaweedS3:
         self._launch(serving=True)
 
     def _wait_serving(self) -> None:
-        # After a crash /healthz answers before the filer has reloaded its data: on a loaded machine,
-        # reads then fail with InternalError for a while. Wait until every bucket can be listed.
+        # After a crash /healthz answers before the filer has reloaded its data, and the volume server
+        # takes longer still to take writes again: on a loaded machine, reads and then writes fail with
+        # InternalError for a while. Wait until every bucket can be listed and written to.
         from botocore.exceptions import BotoCoreError, ClientError
 
         client = self.client(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5)
@@ -192,6 +193,9 @@ class SeaweedS3:
             try:
                 for bucket in client.list_buckets().get("Buckets", []):
                     client.list_objects_v2(Bucket=bucket["Name"], MaxKeys=1)
+                    probe = f".weed-writable-{uuid.uuid4().hex}"
+                    client.put_object(Bucket=bucket["Name"], Key=probe, Body=b"x")
+                    client.delete_object(Bucket=bucket["Name"], Key=probe)
                 return
             except (BotoCoreError, ClientError) as exc:
                 if time.monotonic() > deadline:
