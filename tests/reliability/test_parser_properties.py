@@ -8,6 +8,7 @@ Each test records its counts (``record_parser``) for the table printed at the en
 
 from __future__ import annotations
 
+import functools
 import json
 import keyword
 import math
@@ -37,7 +38,7 @@ from prefect_executorch.errors import IntegrityError, PrefectExecutorchError, Sp
 from prefect_executorch.report import ValidationSummary
 from prefect_executorch.spec import BuildSpec, InputSpec, load_spec, parse_spec
 
-Record = Callable[[str, int, int], None]
+Record = Callable[[str, int, int, int], None]
 
 #: The rules, restated here rather than imported, so a loosened rule in the code fails these tests.
 SEGMENT = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
@@ -50,11 +51,12 @@ DEMO_SPEC = (Path(__file__).parents[2] / "examples" / "convnet" / "spec.yaml").r
 
 
 class Tally:
-    """Inputs seen and refused (with a typed error) by one parser."""
+    """Inputs seen and refused (with a typed error) by one parser, and the invariants they broke."""
 
     def __init__(self) -> None:
         self.seen = 0
         self.refused = 0
+        self.violations: list[str] = []
 
     def parse(self, parse: Callable[[], Any], refusal: type[Exception] = PrefectExecutorchError) -> Any:
         """``parse()``'s result, or None when it refused with ``refusal``; any other exception fails the test."""
@@ -64,6 +66,41 @@ class Tally:
         except refusal:
             self.refused += 1
             return None
+
+
+def _counting(check: Callable[..., None], tally_of: Callable[[tuple[Any, ...]], Tally]) -> Callable[..., None]:
+    """``check`` with its broken invariants and stray exceptions counted in a ``Tally``, not raised.
+
+    Every generated input is then judged and counted; the test records the count and fails after
+    (``recorded``), so the table shows what was observed, a failing run included.
+    """
+
+    @functools.wraps(check)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            check(*args, **kwargs)
+        except AssertionError as exc:
+            tally_of(args).violations.append(f"invariant broken: {str(exc)[:300]}")
+        except Exception as exc:  # noqa: BLE001 - anything but a typed refusal is a violation
+            tally_of(args).violations.append(f"raised {type(exc).__name__}: {str(exc)[:300]}")
+
+    return run
+
+
+def counted(check: Callable[..., None]) -> Callable[..., None]:
+    """A module-level property check, its ``Tally`` its first argument (see ``_counting``)."""
+    return _counting(check, lambda args: args[0])
+
+
+def counted_in(tally: Tally) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A property check nested in its test, closing over ``tally`` (see ``_counting``)."""
+    return lambda check: _counting(check, lambda args: tally)
+
+
+def recorded(record: Record, parser: str, tally: Tally) -> None:
+    """Write the parser's row with what was observed, then fail on any violation."""
+    record(parser, tally.seen, tally.refused, len(tally.violations))
+    assert not tally.violations, f"{len(tally.violations)} violations, first: {tally.violations[:3]}"
 
 
 # -- values: plausible ones mixed with nonsense of every JSON/YAML type -----------------------------------
@@ -207,6 +244,7 @@ def assert_round_trips(spec: BuildSpec) -> None:
 @example({"name": "m", "version": "1", "model": "m:f",
           "methods": {"forward": {"inputs": [{"name": "x", "shape": [2], "dtype": "int8", "high": 1000}]}}})
 @given(SPEC)
+@counted
 def check_spec_mapping(tally: Tally, data: dict[str, Any]) -> None:
     """The Python model (a mapping from a deployment's parameters or a script)."""
     spec = tally.parse(lambda: parse_spec(data), SpecError)
@@ -218,7 +256,7 @@ def check_spec_mapping(tally: Tally, data: dict[str, Any]) -> None:
 def test_spec_mapping(record_parser: Record) -> None:
     tally = Tally()
     check_spec_mapping(tally)
-    record_parser("spec (mapping)", tally.seen, tally.refused)
+    recorded(record_parser, "spec (mapping)", tally)
 
 
 EDITS = st.lists(st.tuples(st.sampled_from(["insert", "delete", "replace"]), st.integers(0, len(DEMO_SPEC)),
@@ -248,6 +286,7 @@ def test_spec_text(record_parser: Record, tmp_path: Path) -> None:
     @example([("replace", DEMO_SPEC.index("version") + 9, "2026-13-45")])
     @example([("insert", DEMO_SPEC.index("image"), "[" * 2000)])
     @given(EDITS)
+    @counted_in(tally)
     def check(edits: list[tuple[str, int, str]]) -> None:
         path.write_text(mutate(DEMO_SPEC, edits))
         spec = tally.parse(lambda: load_spec(path), SpecError)
@@ -256,7 +295,7 @@ def test_spec_text(record_parser: Record, tmp_path: Path) -> None:
             assert_round_trips(spec)
 
     check()
-    record_parser("spec (YAML/JSON text)", tally.seen, tally.refused)
+    recorded(record_parser, "spec (YAML/JSON text)", tally)
 
 
 # -- manifests -------------------------------------------------------------------------------------------
@@ -323,6 +362,7 @@ def test_manifest_bytes(record_parser: Record) -> None:
     @example([(sealed.index(b"e-07"), b"E")])  # the respelled exponent of issue 19
     @given(st.lists(st.tuples(st.integers(0, len(sealed) - 1), st.binary(min_size=1, max_size=2)), min_size=1,
                     max_size=3))
+    @counted_in(tally)
     def check(edits: list[tuple[int, bytes]]) -> None:
         data = bytearray(sealed)
         for position, piece in edits:
@@ -332,7 +372,7 @@ def test_manifest_bytes(record_parser: Record) -> None:
             assert bytes(data) == sealed
 
     check()
-    record_parser("manifest (stored bytes)", tally.seen, tally.refused)
+    recorded(record_parser, "manifest (stored bytes)", tally)
 
 
 def test_manifest_documents(record_parser: Record) -> None:
@@ -342,6 +382,7 @@ def test_manifest_documents(record_parser: Record) -> None:
     where = paths(document)
 
     @given(st.sampled_from(where), JSON_NONSENSE)
+    @counted_in(tally)
     def check(path: tuple[Any, ...], value: Any) -> None:
         data = seal(replaced(document, path, value))
         manifest = tally.parse(lambda: parse_manifest(data, "manifest.json"), IntegrityError)
@@ -350,7 +391,7 @@ def test_manifest_documents(record_parser: Record) -> None:
             assert parse_manifest(manifest_bytes(manifest), "manifest.json") == manifest
 
     check()
-    record_parser("manifest (sealed documents)", tally.seen, tally.refused)
+    recorded(record_parser, "manifest (sealed documents)", tally)
 
 
 # -- alias records ---------------------------------------------------------------------------------------
@@ -370,6 +411,7 @@ def test_alias_records(record_parser: Record) -> None:
     @example(("alias",), "prod\n")
     @example(("manifest_sha256",), "not-a-digest")
     @given(st.sampled_from(paths(document)), JSON_NONSENSE)
+    @counted_in(tally)
     def check(path: tuple[Any, ...], value: Any) -> None:
         data = json.dumps(replaced(document, path, value)).encode()
         record = tally.parse(lambda: parse_alias(data, "m/aliases/prod.json"), IntegrityError)
@@ -380,12 +422,13 @@ def test_alias_records(record_parser: Record) -> None:
             assert parse_alias(record.model_dump_json().encode(), "again") == record
 
     @given(st.binary(max_size=64))
+    @counted_in(tally)
     def check_bytes(data: bytes) -> None:
         assert tally.parse(lambda: parse_alias(data, "m/aliases/prod.json"), IntegrityError) is None
 
     check()
     check_bytes()
-    record_parser("alias record", tally.seen, tally.refused)
+    recorded(record_parser, "alias record", tally)
 
 
 # -- bundle keys, manifest URLs, store URLs --------------------------------------------------------------
@@ -399,6 +442,7 @@ def test_bundle_keys_and_manifest_urls(record_parser: Record) -> None:
     @example(["m", "aliases", "xnnpack", "cpu-xnnpack-x86_64"], "s3://bucket")
     @example(["m", "1", "xnnpack\n", "cpu-xnnpack-x86_64"], "/srv/bundles")
     @given(st.lists(SEGMENTISH, min_size=4, max_size=4), st.sampled_from(STORES))
+    @counted_in(tally)
     def check_key(segments: list[str], store: str) -> None:
         key = tally.parse(lambda: BundleKey.of(*segments), SpecError)
         if key is not None:
@@ -408,6 +452,7 @@ def test_bundle_keys_and_manifest_urls(record_parser: Record) -> None:
     @example("s3:///m/1/xnnpack/cpu/manifest.json")
     @given(st.lists(st.one_of(SEGMENTISH, st.sampled_from(["s3:", "", "manifest.json", "file:"])), max_size=7)
            .map("/".join))
+    @counted_in(tally)
     def check_url(url: str) -> None:
         parsed = tally.parse(lambda: parse_manifest_url(url), SpecError)
         if parsed is not None:
@@ -417,7 +462,7 @@ def test_bundle_keys_and_manifest_urls(record_parser: Record) -> None:
 
     check_key()
     check_url()
-    record_parser("bundle key / manifest URL", tally.seen, tally.refused)
+    recorded(record_parser, "bundle key / manifest URL", tally)
 
 
 @settings(max_examples=30)  # an S3Store builds a boto3 client (~0.1 s)
@@ -431,6 +476,7 @@ def test_bundle_keys_and_manifest_urls(record_parser: Record) -> None:
               st.sampled_from(["", "/", "/prefix", "/a/../b", "?x=1", "#f", "//x"])).map("".join),
     st.text(max_size=12),
 ))
+@counted
 def check_store_url(tally: Tally, url: str) -> None:
     store = tally.parse(lambda: open_store(url), SpecError)
     if isinstance(store, S3Store):
@@ -447,7 +493,7 @@ def test_store_urls(record_parser: Record, tmp_path: Path, monkeypatch: pytest.M
     tally = Tally()
     check_store_url(tally)
     assert list(tmp_path.iterdir()) == []
-    record_parser("store URL", tally.seen, tally.refused)
+    recorded(record_parser, "store URL", tally)
 
 
 # -- compat keys -----------------------------------------------------------------------------------------
@@ -462,6 +508,7 @@ def test_store_urls(record_parser: Record, tmp_path: Path, monkeypatch: pytest.M
     st.text(max_size=20),
     st.from_regex(r"cu\d{3}-sm\d{2}-[a-z0-9_]{1,8}\s?"),
 ))
+@counted
 def check_compat(tally: Tally, key: str) -> None:
     compat = tally.parse(lambda: parse_compat(key), SpecError)
     if compat is not None:
@@ -473,7 +520,7 @@ def check_compat(tally: Tally, key: str) -> None:
 def test_compat_keys(record_parser: Record) -> None:
     tally = Tally()
     check_compat(tally)
-    record_parser("compat key", tally.seen, tally.refused)
+    recorded(record_parser, "compat key", tally)
 
 
 # -- CLI arguments ---------------------------------------------------------------------------------------
@@ -497,6 +544,7 @@ def cli_arguments() -> st.SearchStrategy[list[str]]:
 @example(["promote", "m", "1", "--alias", "../prod"])
 @example(["gc", "m", "--grace-hours", "nan"])
 @given(cli_arguments())
+@counted
 def check_cli(tally: Tally, store: Path, arguments: list[str]) -> None:
     tally.seen += 1
     result = CliRunner().invoke(app, [*arguments, "--store", str(store)] + (
@@ -520,7 +568,7 @@ def test_cli_arguments(record_parser: Record, tmp_path: Path) -> None:
     store.mkdir()
     tally = Tally()
     check_cli(tally, store)
-    record_parser("CLI arguments", tally.seen, tally.refused)
+    recorded(record_parser, "CLI arguments", tally)
 
 
 def test_a_corrupt_alias_record_is_an_integrity_error(tmp_path: Path) -> None:
@@ -533,3 +581,20 @@ def test_a_corrupt_alias_record_is_an_integrity_error(tmp_path: Path) -> None:
     text = " ".join(result.output.split())  # however the console wrapped it
     assert "IntegrityError: m/aliases/prod.json is not a valid alias record (version: Field required)" in text
     assert "Traceback" not in result.output
+
+
+def test_planted_violations_are_counted_not_hidden() -> None:
+    tally = Tally()
+
+    @example(3)
+    @example(0)
+    @given(st.integers(0, 3))
+    @counted_in(tally)
+    def check(n: int) -> None:
+        tally.parse(lambda: 1 // (n - 1), SpecError)  # n == 1 raises an untyped error
+        assert n < 3, "planted: accepted nonsense"
+
+    check()
+    assert tally.seen > 2 and tally.violations
+    assert {v.split(":")[0] for v in tally.violations} <= {"invariant broken", "raised ZeroDivisionError"}
+    assert any("planted: accepted nonsense" in v for v in tally.violations)
