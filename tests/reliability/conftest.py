@@ -1,4 +1,4 @@
-"""Fault bookkeeping: every reliability test records what it injected and what survived.
+"""Fault bookkeeping: every reliability test counts what it injected, what survived and what was lost.
 
 The session ends with a summary table (quoted in README's reliability section).
 """
@@ -6,13 +6,19 @@ The session ends with a summary table (quoted in README's reliability section).
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from prefect_executorch.artifacts.registry import prepare_bundle
+from prefect_executorch.artifacts.manifest import BundleKey
+from prefect_executorch.artifacts.registry import prepare_bundle, pull, verify_bundle_dir
+from prefect_executorch.artifacts.store import ObjectStore
+from prefect_executorch.errors import PrefectExecutorchError
 from prefect_executorch.exporter import export_program
 from prefect_executorch.spec import parse_spec
 from prefect_executorch.toolchain import probe
@@ -45,13 +51,43 @@ def real_bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
 
 @dataclass
 class Fault:
-    """One injected fault and its outcome."""
+    """One kind of injected fault and what its test observed: each count is made by the test, none assumed.
+
+    ``survived``: injected faults whose operation ended as it must (a typed error, or a clean retry);
+    ``guarded``: bundles published before the fault, pulled and verified after it; ``lost``: those that
+    no longer pull and verify.
+    """
 
     area: str
     fault: str
-    injected: int
-    survived: int
-    objects_lost: int = 0
+    injected: int = 0
+    survived: int = 0
+    guarded: int = 0
+    lost: int = 0
+
+    @contextmanager
+    def expect(self, error: type[BaseException] | tuple[type[BaseException], ...], match: str | None = None) -> Iterator[Any]:
+        """Inject one fault here, whose operation must end in ``error``; counted survived when it does."""
+        self.injected += 1
+        with pytest.raises(error, match=match) as info:
+            yield info
+        self.survived += 1
+
+    def outcome(self, injected: int, survived: int) -> None:
+        """Faults injected and survived as the test counted them (a race's outcome, a fault proxy's hits)."""
+        self.injected += injected
+        self.survived += survived
+
+    def check_intact(self, store: ObjectStore, keys: list[BundleKey], scratch: Path) -> None:
+        """Pull and verify each bundle that was published before the fault; count those that no longer do."""
+        for key in keys:
+            self.guarded += 1
+            dest = scratch / f"intact-{uuid.uuid4().hex[:8]}"
+            try:
+                pull(store, key, dest)
+                verify_bundle_dir(dest)
+            except PrefectExecutorchError:
+                self.lost += 1
 
 
 FAULTS: list[Fault] = []
@@ -72,13 +108,16 @@ PARSER_RUNS: list[ParserRun] = []
 
 
 @pytest.fixture
-def record_fault() -> Callable[..., None]:
-    """Record a fault; call it after the assertions that prove it was survived."""
+def faults() -> Callable[..., Fault]:
+    """Start the ledger of one kind of fault (in the summary whatever the test's outcome; not when ``planted``)."""
 
-    def record(area: str, fault: str, injected: int = 1, survived: int | None = None, objects_lost: int = 0) -> None:
-        FAULTS.append(Fault(area, fault, injected, injected if survived is None else survived, objects_lost))
+    def start(area: str, fault: str, planted: bool = False) -> Fault:
+        ledger = Fault(area, fault)
+        if not planted:  # the ledger's own checks plant losses: they are no fault of the product's
+            FAULTS.append(ledger)
+        return ledger
 
-    return record
+    return start
 
 
 @pytest.fixture
@@ -108,17 +147,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not FAULTS:
         return
     width = max(len(f.fault) for f in FAULTS)
+    header = f"{'injected':>8} {'survived':>8} {'guarded':>7} {'lost':>5}"
+
+    def counts(rows: list[Fault]) -> str:
+        return (f"{sum(f.injected for f in rows):>8} {sum(f.survived for f in rows):>8} "
+                f"{sum(f.guarded for f in rows):>7} {sum(f.lost for f in rows):>5}")
+
     write("")
-    write("reliability summary (a row is written once its test's assertions have passed)")
-    write(f"{'area':<12} {'fault':<{width}} {'injected':>8} {'survived':>8} {'lost':>5}")
+    write("reliability summary (counted by each test: survived = ended in a typed error or a clean retry; "
+          "guarded = bundles published before the fault, pulled and verified after it; lost = those that failed)")
+    write(f"{'area':<12} {'fault':<{width}} {header}")
     for f in FAULTS:
-        write(f"{f.area:<12} {f.fault:<{width}} {f.injected:>8} {f.survived:>8} {f.objects_lost:>5}")
-    write(f"{'total':<12} {'':<{width}} {sum(f.injected for f in FAULTS):>8} "
-          f"{sum(f.survived for f in FAULTS):>8} {sum(f.objects_lost for f in FAULTS):>5}")
+        write(f"{f.area:<12} {f.fault:<{width}} {counts([f])}")
+    write(f"{'total':<12} {'':<{width}} {counts(FAULTS)}")
     write("")
     write("by area")
-    write(f"{'area':<12} {'kinds':>5} {'injected':>8} {'survived':>8} {'lost':>5}")
+    write(f"{'area':<12} {'kinds':>5} {header}")
     for area in sorted({f.area for f in FAULTS}):
         rows = [f for f in FAULTS if f.area == area]
-        write(f"{area:<12} {len(rows):>5} {sum(f.injected for f in rows):>8} {sum(f.survived for f in rows):>8} "
-              f"{sum(f.objects_lost for f in rows):>5}")
+        write(f"{area:<12} {len(rows):>5} {counts(rows)}")

@@ -12,7 +12,14 @@ from prefect import flow
 
 from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, promote, read_alias
 from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE
-from prefect_executorch.artifacts.registry import BundleRef, publish, pull, read_manifest, verify_bundle_dir
+from prefect_executorch.artifacts.registry import (
+    BundleRef,
+    list_bundles,
+    publish,
+    pull,
+    read_manifest,
+    verify_bundle_dir,
+)
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import BundleConflict
 from prefect_executorch.exporter import ExportedProgramDir
@@ -51,8 +58,10 @@ def race(contenders: list[Callable[[], Any]]) -> list[Any]:
 
 @pytest.mark.parametrize("builds", ["same program, own manifests", "same program, other reports", "other programs"])
 def test_concurrent_publishes_of_one_key(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore,
-                                         record_fault: Any, tmp_path: Path, builds: str) -> None:
+                                         faults: Any, tmp_path: Path, builds: str) -> None:
+    fault = faults("concurrency", f"{CONTENDERS} publishes of one key, {builds} ({store_kind(any_store)})")
     convnet = real_bundle("convnet")
+    bystander = publish(any_store, *convnet.variant(tmp_path / "bystander", version="99")).key
     if builds == "other programs":
         others = [convnet, real_bundle("mlp").under(convnet)]
         sources = [others[i % 2].variant(tmp_path / str(i)) for i in range(CONTENDERS)]
@@ -63,6 +72,8 @@ def test_concurrent_publishes_of_one_key(real_bundle: Callable[[str], RealBundle
 
     won = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, BundleRef)]
     lost = [outcome for outcome in outcomes if isinstance(outcome, BundleConflict)]
+    # One race is one fault: survived when it ends with one bundle and a typed conflict for every other publisher.
+    fault.outcome(injected=1, survived=int(len(won) == 1 and len(lost) == CONTENDERS - 1))
     assert len(won) == 1 and len(lost) == CONTENDERS - 1, outcomes
     assert all("nothing was" in str(exc) or "another publisher" in str(exc) for exc in lost), lost
     key = convnet.manifest.key
@@ -73,25 +84,27 @@ def test_concurrent_publishes_of_one_key(real_bundle: Callable[[str], RealBundle
     left = {info.key for info in any_store.list(key.prefix + "/")}
     assert left == {key.key(entry.path) for entry in stored.files} | {key.key(MANIFEST_FILE)}, "a claim or a stray object"
     assert key.key(CLAIM_FILE) not in left and any_store.incomplete_uploads("") == []
-    record_fault("concurrency", f"{CONTENDERS} publishes of one key, {builds} ({store_kind(any_store)})",
-                 injected=CONTENDERS - 1)
+    fault.check_intact(any_store, [bystander, key], tmp_path / "after")
+    assert fault.lost == 0
 
 
 def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore,
-                                                    record_fault: Any, tmp_path: Path) -> None:
+                                                    faults: Any, tmp_path: Path) -> None:
+    rounds = 3
+    fault = faults("concurrency", f"{CONTENDERS} promotions of one alias, {rounds} rounds ({store_kind(any_store)})")
     convnet = real_bundle("convnet")
     versions = [str(10 + i) for i in range(CONTENDERS + 1)]
     for version in versions:
         publish(any_store, *convnet.variant(tmp_path, version=version))
     promote(any_store, "convnet", versions[0], "canary")
     winners = [versions[0]]
-    rounds = 3
     for _ in range(rounds):
         # Every contender moves the alias away from where it is, each only if it is still there.
         contenders = [v for v in versions if v != winners[-1]]
         outcomes = race([lambda v=v, base=winners[-1]: promote(any_store, "convnet", v, "canary", expect_version=base)
                          for v in contenders])
         won = [v for v, outcome in zip(contenders, outcomes, strict=False) if isinstance(outcome, AliasRecord)]
+        fault.outcome(injected=1, survived=int(len(won) == 1))  # each round's race is one fault
         assert len(won) == 1, outcomes
         assert all(f"convnet {won[0]}" in str(o) for o in outcomes if isinstance(o, BundleConflict))
         winners.append(won[0])
@@ -100,8 +113,9 @@ def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str],
     history = alias_history(any_store, "convnet", "canary")
     assert [h.version for h in history] == winners, "a lost update"
     assert all(h.previous is not None and h.previous.version == p.version for p, h in zip(history, history[1:], strict=False))
-    record_fault("concurrency", f"{CONTENDERS} promotions of one alias, {rounds} rounds ({store_kind(any_store)})",
-                 injected=rounds * (CONTENDERS - 1))
+    fault.check_intact(any_store, [key for key in list_bundles(any_store, "convnet") if key.version in versions],
+                       tmp_path / "after")
+    assert fault.guarded == len(versions) and fault.lost == 0
 
 
 @flow
@@ -117,10 +131,13 @@ def build_three_at_once(store: str, output_root: str) -> list[tuple[ExportedProg
     return [(export.result(), ref.result()) for export, ref in zip(exports, refs, strict=False)]
 
 
-def test_concurrent_builds_in_one_flow_run_share_nothing_on_disk(prefect_harness: None, record_fault: Any,
+def test_concurrent_builds_in_one_flow_run_share_nothing_on_disk(prefect_harness: None, faults: Any,
                                                                  tmp_path: Path) -> None:
+    # One flow with 3 concurrent builds is one fault (the shared output root), not 3.
+    fault = faults("concurrency", "3 builds of different models in one flow run, one output root")
     store = LocalStore(tmp_path / "store")
     built = build_three_at_once(str(store.root), str(tmp_path / "out"))
+    fault.outcome(injected=1, survived=int(len({export.out_dir for export, _ in built}) == 3))
     dirs = [Path(export.out_dir) for export, _ in built]
     assert len(set(dirs)) == 3 and all(d.parent == tmp_path / "out" for d in dirs)
     for export, ref in built:
@@ -130,4 +147,5 @@ def test_concurrent_builds_in_one_flow_run_share_nothing_on_disk(prefect_harness
         for entry in manifest.files:
             pulled = tmp_path / "pulled" / ref.key.name / entry.path
             assert (Path(export.out_dir) / entry.path).read_bytes() == pulled.read_bytes()
-    record_fault("concurrency", "3 builds of different models in one flow run, one output root", injected=3)
+    fault.check_intact(store, [ref.key for _, ref in built], tmp_path / "after")
+    assert fault.lost == 0

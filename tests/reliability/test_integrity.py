@@ -31,11 +31,11 @@ def overwrite(store: ObjectStore, key: str, data: bytes) -> None:
         store.client.put_object(Bucket=store.bucket, Key=f"{store.prefix}/{key}", Body=data)  # type: ignore[attr-defined]
 
 
-def refused(store: ObjectStore, key: BundleKey, dest: Path, match: str, **pull_options: Any) -> None:
-    """Pull must raise ``IntegrityError`` (matching ``match``) and leave nothing beside ``dest``."""
+def refused(fault: Any, store: ObjectStore, key: BundleKey, dest: Path, match: str, **pull_options: Any) -> None:
+    """Pull must raise ``IntegrityError`` (matching ``match``) and leave nothing beside ``dest``: one fault survived."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     before = set(dest.parent.iterdir())
-    with pytest.raises(IntegrityError, match=match):
+    with fault.expect(IntegrityError, match=match):
         pull(store, key, dest, **pull_options)
     assert set(dest.parent.iterdir()) == before and not dest.exists()
 
@@ -45,9 +45,16 @@ def published(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore, 
     return publish(any_store, *real_bundle("convnet").variant(tmp_path / "src"))
 
 
+@pytest.fixture
+def bystander(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore, tmp_path: Path) -> BundleKey:
+    """Another bundle in the same store before the fault: it must still pull and verify after it."""
+    return publish(any_store, *real_bundle("convnet").variant(tmp_path / "bystander", version="99")).key
+
+
 @pytest.mark.parametrize("target", ["model.pte", "model.ptd", MANIFEST_FILE])
-def test_flipped_bytes_are_refused(published: BundleRef, any_store: ObjectStore, record_fault: Any, tmp_path: Path,
-                                   target: str) -> None:
+def test_flipped_bytes_are_refused(published: BundleRef, bystander: BundleKey, any_store: ObjectStore, faults: Any,
+                                   tmp_path: Path, target: str) -> None:
+    fault = faults("integrity", f"flipped bit in {target} ({store_kind(any_store)})")
     key = published.key.key(target)
     original, _ = any_store.get_bytes(key)
     # Every 97th byte of the manifest (its JSON syntax, names, numbers and checksums); three spots elsewhere.
@@ -56,15 +63,16 @@ def test_flipped_bytes_are_refused(published: BundleRef, any_store: ObjectStore,
         corrupt = bytearray(original)
         corrupt[position] ^= 0x01
         overwrite(any_store, key, bytes(corrupt))
-        refused(any_store, published.key, tmp_path / "out" / f"try-{n}",
+        refused(fault, any_store, published.key, tmp_path / "out" / f"try-{n}",
                 "manifest|does not match the manifest" if target == MANIFEST_FILE else f"{target}: sha256 .* does not match")
     overwrite(any_store, key, original)
-    assert pull(any_store, published.key, tmp_path / "good").key == published.key
-    record_fault("integrity", f"flipped bit in {target} ({store_kind(any_store)})", injected=len(positions))
+    fault.check_intact(any_store, [published.key, bystander], tmp_path / "after")  # restored, and the other one
+    assert (fault.injected, fault.survived, fault.lost) == (len(positions), len(positions), 0)
 
 
-def test_numbers_spelled_another_way_are_refused(published: BundleRef, any_store: ObjectStore, record_fault: Any,
+def test_numbers_spelled_another_way_are_refused(published: BundleRef, any_store: ObjectStore, faults: Any,
                                                  tmp_path: Path) -> None:
+    fault = faults("integrity", f"respelled float in manifest.json ({store_kind(any_store)})")
     # The same values in other bytes: a trailing zero, an upper-case exponent, a float's digit past its 17th.
     original, _ = any_store.get_bytes(published.manifest_key)
     text = original.decode()
@@ -78,49 +86,56 @@ def test_numbers_spelled_another_way_are_refused(published: BundleRef, any_store
         edited = text[:number.start()] + spelling + text[number.end():]
         assert json.loads(edited) == json.loads(text)
         overwrite(any_store, published.manifest_key, edited.encode())
-        refused(any_store, published.key, tmp_path / "out" / f"try-{n}", "bytes are not the ones that were sealed")
+        refused(fault, any_store, published.key, tmp_path / "out" / f"try-{n}", "bytes are not the ones that were sealed")
     overwrite(any_store, published.manifest_key, original)
-    record_fault("integrity", f"respelled float in manifest.json ({store_kind(any_store)})", injected=len(respelled))
+    fault.check_intact(any_store, [published.key], tmp_path / "after")
+    assert fault.lost == 0
 
 
 @pytest.mark.parametrize("target", ["model.pte", "model.ptd", MANIFEST_FILE])
-def test_truncated_objects_are_refused(published: BundleRef, any_store: ObjectStore, record_fault: Any,
-                                       tmp_path: Path, target: str) -> None:
+def test_truncated_objects_are_refused(published: BundleRef, bystander: BundleKey, any_store: ObjectStore,
+                                       faults: Any, tmp_path: Path, target: str) -> None:
+    fault = faults("integrity", f"truncated {target} ({store_kind(any_store)})")
     key = published.key.key(target)
     original, _ = any_store.get_bytes(key)
     for n, length in enumerate([0, len(original) // 2, len(original) - 1]):
         overwrite(any_store, key, original[:length])
-        refused(any_store, published.key, tmp_path / "out" / f"try-{n}", "manifest|does not match the manifest")
-    record_fault("integrity", f"truncated {target} ({store_kind(any_store)})", injected=3)
+        refused(fault, any_store, published.key, tmp_path / "out" / f"try-{n}", "manifest|does not match the manifest")
+    fault.check_intact(any_store, [bystander], tmp_path / "after")
+    assert fault.lost == 0
 
 
 def test_data_file_of_another_bundle_is_refused(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore,
-                                                record_fault: Any, tmp_path: Path) -> None:
+                                                faults: Any, tmp_path: Path) -> None:
+    fault = faults("integrity", f".ptd of another bundle ({store_kind(any_store)})")
     convnet = real_bundle("convnet")
     mine = publish(any_store, *convnet.variant(tmp_path / "a", version="30"))
     other = publish(any_store, *real_bundle("mlp").under(convnet).variant(tmp_path / "b", version="31"))
     overwrite(any_store, mine.key.key("model.ptd"), any_store.get_bytes(other.key.key("model.ptd"))[0])
-    refused(any_store, mine.key, tmp_path / "out" / "a", "model.ptd: sha256 .* corrupt or was swapped")
-    record_fault("integrity", f".ptd of another bundle ({store_kind(any_store)})")
+    refused(fault, any_store, mine.key, tmp_path / "out" / "a", "model.ptd: sha256 .* corrupt or was swapped")
+    fault.check_intact(any_store, [other.key], tmp_path / "after")  # the bundle whose .ptd was copied
+    assert fault.lost == 0
 
 
 def test_manifest_pointing_outside_its_prefix_is_refused(real_bundle: Callable[[str], RealBundle],
-                                                         any_store: ObjectStore, record_fault: Any,
+                                                         any_store: ObjectStore, faults: Any, bystander: BundleKey,
                                                          tmp_path: Path) -> None:
+    fault = faults("integrity", f"manifest pointing outside its prefix ({store_kind(any_store)})")
     convnet = real_bundle("convnet")
     first = publish(any_store, *convnet.variant(tmp_path / "a", version="40"))
     second = publish(any_store, *convnet.variant(tmp_path / "b", version="41"))
     raw, _ = any_store.get_bytes(first.manifest_key)
     # A valid, sealed manifest of another bundle, copied in.
     overwrite(any_store, second.manifest_key, raw)
-    refused(any_store, second.key, tmp_path / "out" / "b", "describes convnet/40/.*not convnet/41/")
+    refused(fault, any_store, second.key, tmp_path / "out" / "b", "describes convnet/40/.*not convnet/41/")
     # A manifest whose files reach out of the bundle, sealed again so that only the path gives it away.
     document = json.loads(raw)
     del document["digest"]
     document["files"][0]["path"] = "../../41/xnnpack/" + document["files"][0]["path"]
     overwrite(any_store, first.manifest_key, seal(document))
-    refused(any_store, first.key, tmp_path / "out" / "a", "must be a plain file name inside the bundle")
-    record_fault("integrity", f"manifest pointing outside its prefix ({store_kind(any_store)})", injected=2)
+    refused(fault, any_store, first.key, tmp_path / "out" / "a", "must be a plain file name inside the bundle")
+    fault.check_intact(any_store, [bystander], tmp_path / "after")
+    assert fault.lost == 0
 
 
 def key_pair(directory: Path, name: str) -> tuple[Path, Path]:
@@ -133,10 +148,11 @@ def key_pair(directory: Path, name: str) -> tuple[Path, Path]:
     return private, public
 
 
-def test_signed_bundles(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore, record_fault: Any,
+def test_signed_bundles(real_bundle: Callable[[str], RealBundle], any_store: ObjectStore, faults: Any,
                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from model_signing import hashing, verifying
 
+    fault = faults("integrity", f"unsigned / foreign-signed / edited bundle, key configured ({store_kind(any_store)})")
     convnet = real_bundle("convnet")
     (ours, ours_public), (theirs, _) = key_pair(tmp_path / "keys", "ours"), key_pair(tmp_path / "keys", "theirs")
     signed = publish(any_store, *convnet.variant(tmp_path / "a", version="50"), signing=SigningSettings(signing_key=ours))
@@ -151,8 +167,8 @@ def test_signed_bundles(real_bundle: Callable[[str], RealBundle], any_store: Obj
         hashing.Config().set_ignored_paths(paths=[SIGNATURE_FILE])).verify(tmp_path / "ok", tmp_path / "ok" / SIGNATURE_FILE)
     # The public key from the environment, as a deployment would configure it.
     monkeypatch.setenv("PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY", str(ours_public))
-    refused(any_store, unsigned.key, tmp_path / "out" / "b", "is not signed .*PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY is set")
-    refused(any_store, by_them.key, tmp_path / "out" / "c", "model.sig does not verify with the public key")
+    refused(fault, any_store, unsigned.key, tmp_path / "out" / "b", "is not signed .*PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY is set")
+    refused(fault, any_store, by_them.key, tmp_path / "out" / "c", "model.sig does not verify with the public key")
     # Edited and sealed again (a valid digest), the signature copied to where the edited manifest looks for it.
     document = json.loads(any_store.get_bytes(signed.manifest_key)[0])
     document["validation"]["passed"] = not document["validation"]["passed"]
@@ -161,13 +177,11 @@ def test_signed_bundles(real_bundle: Callable[[str], RealBundle], any_store: Obj
     signature, _ = any_store.get_bytes(signature_key(signed.key, any_store.get_bytes(signed.manifest_key)[0]))
     overwrite(any_store, signed.manifest_key, forged)
     any_store.put_bytes(signature_key(signed.key, forged), signature)
-    refused(any_store, signed.key, tmp_path / "out" / "a", "model.sig does not verify .*edited after signing")
+    refused(fault, any_store, signed.key, tmp_path / "out" / "a", "model.sig does not verify .*edited after signing")
     # A file of the pulled bundle edited on disk.
     (tmp_path / "ok" / VALIDATION_FILE).write_text("{}")
-    with pytest.raises(IntegrityError, match="model.sig does not verify"):
+    with fault.expect(IntegrityError, match="model.sig does not verify"):
         verify_bundle_dir(tmp_path / "ok")
-    record_fault("integrity", f"unsigned / foreign-signed / edited bundle, key configured ({store_kind(any_store)})",
-                 injected=4)
 
 
 def test_bundles_signed_by_the_retired_ed25519_scheme_stay_readable(published: BundleRef, any_store: ObjectStore,

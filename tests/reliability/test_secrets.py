@@ -50,10 +50,13 @@ def s3_bucket_block(server: SeaweedS3, bucket: str, secret: str, name: str) -> A
 
 
 @pytest.mark.parametrize("source", ["env", "block"])
-def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, record_fault: Any, tmp_path: Path,
+def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, faults: Any, tmp_path: Path,
                                 monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
                                 capfd: pytest.CaptureFixture[str], source: str,
                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Faults: the wrong secret's two failures, then each secret's exposure (searched in logs, errors, artifacts,
+    # runs, stored objects and files).
+    fault = faults("secrets", f"credentials from {source}: wrong secret, then every secret searched")
     caplog.set_level("DEBUG")
     # The bundle-signing key is a secret too: kept outside every searched directory, it must show up nowhere.
     signing_key = ec.generate_private_key(ec.SECP256R1())
@@ -82,7 +85,7 @@ def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, record
     errors: list[BaseException] = []
     for attempt in (lambda: build_bundle(spec.model_copy(update={"version": "2"}), store=wrong_store),
                     lambda: promote(spec.name, "1", "canary", wrong_store)):
-        with pytest.raises(PrefectExecutorchError) as info:
+        with fault.expect(PrefectExecutorchError) as info:
             attempt()
         errors.append(info.value)
     if source == "env":
@@ -104,14 +107,16 @@ def test_credentials_never_leak(prefect_harness: None, s3_env: SeaweedS3, record
                  for path in files_under(tmp_path, home, database)})
     assert f"object {ref.manifest_key}" in seen and f"file {database}" in seen and len(seen) > 10
     assert any(where.startswith(f"object {ref.key.prefix}/model.sig.") for where in seen)  # the bundle was signed
-    for secret in (s3_env.secret_key, wrong, *key_secrets):
-        leaks = [where for where, text in seen.items() if secret in text]
-        assert leaks == [], f"a secret appears in {leaks}"
-    record_fault("secrets", f"credentials from {source}: secret searched in {len(seen)} logs, errors, artifacts, "
-                 "runs, objects, files (and the bundle-signing key)", injected=2)
+    secrets = (s3_env.secret_key, wrong, *key_secrets)
+    leaks = [(where, n) for n, secret in enumerate(secrets) for where, text in seen.items() if secret in text]
+    # Each secret is one more fault: its exposure, survived when it appears in none of the places searched.
+    fault.outcome(injected=len(secrets), survived=len(secrets) - len({n for _, n in leaks}))
+    fault.check_intact(reader, [ref.key], tmp_path / "after")
+    assert leaks == [], f"a secret appears in {[where for where, _ in leaks]}"
 
 
-def test_anonymous_requests_are_refused(s3_env: SeaweedS3, record_fault: Any) -> None:
+def test_anonymous_requests_are_refused(s3_env: SeaweedS3, faults: Any) -> None:
+    fault = faults("secrets", "anonymous get, list, put, list buckets")
     bucket = s3_env.make_bucket()
     s3_env.client().put_object(Bucket=bucket, Key="reg/m/1/t/c/model.pte", Body=b"program")
     anonymous = boto3.client("s3", endpoint_url=s3_env.endpoint_url, region_name=s3_env.region,
@@ -123,8 +128,7 @@ def test_anonymous_requests_are_refused(s3_env: SeaweedS3, record_fault: Any) ->
         lambda: anonymous.list_buckets(),
     ]
     for attempt in attempts:
-        with pytest.raises(ClientError) as info:
+        with fault.expect(ClientError) as info:
             attempt()
         assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
     assert [o["Key"] for o in s3_env.client().list_objects_v2(Bucket=bucket)["Contents"]] == ["reg/m/1/t/c/model.pte"]
-    record_fault("secrets", "anonymous get, list, put, list buckets", injected=len(attempts))

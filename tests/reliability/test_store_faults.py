@@ -29,14 +29,18 @@ IMPATIENT = {"multipart_threshold": 8 * MiB, "part_size": 8 * MiB, "max_concurre
              "retry_backoff_s": 0.1, "connect_timeout_s": 1.0, "read_timeout_s": 20.0}
 
 
-def test_server_killed_mid_multipart_publish(real_bundle: Callable[[str], RealBundle], record_fault: Any,
+def test_server_killed_mid_multipart_publish(real_bundle: Callable[[str], RealBundle], faults: Any,
                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fault = faults("store", "S3 server SIGKILLed mid multipart publish (200 MB), restarted")
     bundle = real_bundle("wide_200mb")
     assert sum(entry.size for entry in bundle.manifest.files) >= 200 * MiB
     key = bundle.manifest.key
     with SeaweedS3(root=ram_disk()) as server:
         set_aws_env(monkeypatch, server)
         bucket = server.make_bucket()
+        convnet = real_bundle("convnet")
+        bystander = publish(S3Store(bucket, "reg", settings=S3Settings(**IMPATIENT)),
+                            *convnet.variant(tmp_path / "bystander", version="99")).key
         killed_at: list[int] = []
 
         def kill_a_third_of_the_way(name: str, done: int, total: int) -> None:
@@ -45,7 +49,7 @@ def test_server_killed_mid_multipart_publish(real_bundle: Callable[[str], RealBu
                 server.kill()
 
         store = S3Store(bucket, "reg", settings=S3Settings(**IMPATIENT), progress=kill_a_third_of_the_way)
-        with pytest.raises(StoreError):
+        with fault.expect(StoreError):
             publish(store, bundle.dir, bundle.manifest)
         assert killed_at and killed_at[0] < bundle.manifest.file("model.ptd").size
 
@@ -55,8 +59,8 @@ def test_server_killed_mid_multipart_publish(real_bundle: Callable[[str], RealBu
         assert key.key(MANIFEST_FILE) not in left and key.key("model.ptd") not in left
         # The retried publish (same files) resumes under its own claim and completes.
         ref = publish(store, bundle.dir, bundle.manifest)
-        assert {info.key for info in store.list("")} == {key.key(e.path) for e in bundle.manifest.files} | {
-            key.key(MANIFEST_FILE)}
+        assert {info.key for info in store.list("") if not info.key.startswith(bystander.prefix)} == {
+            key.key(e.path) for e in bundle.manifest.files} | {key.key(MANIFEST_FILE)}
         assert pull(store, ref.key, tmp_path / "pulled") == bundle.manifest
         assert verify_bundle_dir(tmp_path / "pulled") == bundle.manifest
         # What the killed upload left (an unfinished multipart upload) is gc's, and only that.
@@ -64,11 +68,12 @@ def test_server_killed_mid_multipart_publish(real_bundle: Callable[[str], RealBu
         report = gc(store, grace=timedelta(0), apply=True)
         assert [o.key for o in report.orphans] == [] and store.incomplete_uploads("") == []
         assert pull(store, ref.key, tmp_path / "again") == bundle.manifest
-    record_fault("store", "S3 server SIGKILLed mid multipart publish (200 MB), restarted")
+        fault.check_intact(store, [bystander], tmp_path / "after")
+        assert fault.lost == 0
 
 
 def test_resets_and_503s_during_publish_and_pull(real_bundle: Callable[[str], RealBundle], s3_env: SeaweedS3,
-                                                 record_fault: Any, tmp_path: Path,
+                                                 faults: Any, tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     bundle = real_bundle("wide_24mb")
     rules = [
@@ -93,12 +98,15 @@ def test_resets_and_503s_during_publish_and_pull(real_bundle: Callable[[str], Re
         assert (tmp_path / "pulled" / path).read_bytes() == (bundle.dir / path).read_bytes()
     assert "retry 1/" in caplog.text  # our own retry took over where botocore's stopped
     for rule in rules:
-        record_fault("store", f"{rule.fault} on {rule.method} {rule.match or 'any'} (fault proxy)", injected=rule.times)
+        # Every hit the proxy gave, survived: the publish and the pull it hit both completed and verified.
+        faults("store", f"{rule.fault} on {rule.method} {rule.match or 'any'} (fault proxy)").outcome(
+            injected=rule.hits, survived=rule.hits)
 
 
-def test_concurrent_publishes_while_the_server_dies(real_bundle: Callable[[str], RealBundle], record_fault: Any,
+def test_concurrent_publishes_while_the_server_dies(real_bundle: Callable[[str], RealBundle], faults: Any,
                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A publish that loses its server keeps its claim: another build cannot slip in, a rerun of the same build can."""
+    fault = faults("store", "S3 killed mid publish; another build, then a rerun, try the key")
     bundle = real_bundle("wide_24mb")
     with SeaweedS3(root=ram_disk()) as server:
         set_aws_env(monkeypatch, server)
@@ -113,18 +121,17 @@ def test_concurrent_publishes_while_the_server_dies(real_bundle: Callable[[str],
         store = S3Store(bucket, "reg", settings=S3Settings(**{**IMPATIENT, "part_size": 5 * MiB,
                                                                "multipart_threshold": 5 * MiB}),
                         progress=kill_on_first_part)
-        with pytest.raises(StoreError):
+        with fault.expect(StoreError):
             publish(store, bundle.dir, bundle.manifest)
         server.restart()
         store = S3Store(bucket, "reg", settings=S3Settings(**IMPATIENT))
         # Another build of the same name and version (another program) must not slip in before the retry.
-        with pytest.raises(BundleConflict, match="is being published by .* with other content"):
+        with fault.expect(BundleConflict, match="is being published by .* with other content"):
             publish(store, *real_bundle("mlp").under(bundle).variant(tmp_path))
         # A rerun of the same build (validated again: another report) resumes the publish.
         rerun_dir, rerun = bundle.variant(tmp_path, report_suffix=b"\n")
         assert publish(store, rerun_dir, rerun).key == bundle.manifest.key
         assert pull(store, bundle.manifest.key, tmp_path / "pulled") == rerun
-    record_fault("store", "S3 killed mid publish; another build, then a rerun, try the key")
 
 
 def test_parts_get_rounds_past_botocores_retries_small_writes_do_not(s3_env: SeaweedS3, tmp_path: Path,
