@@ -319,34 +319,40 @@ def test_no_call_keeps_a_default_that_drops_the_engines(sources: Sources) -> Non
     assert seen == {callee for callee, _ in RETRACING}  # both paths were exercised
 
 
-#: A value of each option other than its default, and the callee that must honour it (keyword names are
-#: checked against the real wheel by test_every_call_of_every_option_combination_fits_the_real_sources).
-OPTION_CHANGES = {
-    "precision": ("fp16", "torch_tensorrt.dynamo.compile"),
-    "min_block_size": (1, "torch_tensorrt.dynamo.compile"),
-    "hardware_compatible": (True, "torch_tensorrt.dynamo.compile"),
-    "version_compatible": (True, "torch_tensorrt.dynamo.compile"),
-    "compile_options": ({"optimization_level": 5}, "torch_tensorrt.dynamo.compile"),
-    "coalesce_cuda": (True, "executorch.backends.cuda.cuda_partitioner.CudaPartitioner"),
-    "device_resident_io": (True, "executorch.exir.ExecutorchBackendConfig"),
-    "cuda_graphs": (True, None),
+#: A value of each option other than its default, the callee that must honour it (None: whichever call writes
+#: the program) and the keywords it must receive (keyword names are checked against the real wheel by
+#: test_every_call_of_every_option_combination_fits_the_real_sources).
+OPTION_CHANGES: dict[str, tuple[Any, str | None, dict[str, Any]]] = {
+    "precision": ("fp16", "torch_tensorrt.dynamo.compile",
+                  {"enable_autocast": True, "autocast_low_precision_type": Ref("torch.float16"), "disable_tf32": False}),
+    "min_block_size": (1, "torch_tensorrt.dynamo.compile", {"min_block_size": 1}),
+    "hardware_compatible": (True, "torch_tensorrt.dynamo.compile", {"hardware_compatible": True}),
+    "version_compatible": (True, "torch_tensorrt.dynamo.compile", {"version_compatible": True}),
+    "compile_options": ({"optimization_level": 5}, "torch_tensorrt.dynamo.compile", {"optimization_level": 5}),
+    "coalesce_cuda": (True, "executorch.backends.cuda.cuda_partitioner.CudaPartitioner", {}),
+    "device_resident_io": (True, "executorch.exir.ExecutorchBackendConfig", {"enable_non_cpu_memory_planning": True}),
+    "cuda_graphs": (True, None, {"use_cuda_graphs": True}),
 }
+#: The calls that write the program (a lone forward through save, several methods through executorch.export).
+PROGRAM_WRITERS = ("torch_tensorrt.save", "torch_tensorrt.executorch.export")
 
 
 @pytest.mark.parametrize("method_set", sorted(METHOD_SETS))
 @pytest.mark.parametrize("option", sorted(OPTION_CHANGES))
 def test_every_option_reaches_the_call_that_honours_it(option: str, method_set: str, sources: Sources) -> None:
-    value, callee = OPTION_CHANGES[option]
+    value, callee, keywords = OPTION_CHANGES[option]
     plain, changed = (build_steps(trt_spec(methods=METHOD_SETS[method_set], **extra))
                       for extra in ({}, {option: value}))
-    assert plain != changed, f"{option}={value!r} changes no call"
-    if callee is not None:
-        with_option = [c for c in walk(changed) if c.callee == callee]
-        assert with_option, f"{option}={value!r} reaches no {callee}"
-        assert [c for c in walk(plain) if c.callee == callee] != with_option
+    targets = (callee,) if callee is not None else PROGRAM_WRITERS
+    with_option = [c for c in walk(changed) if c.callee in targets]
+    assert with_option, f"{option}={value!r} reaches no {targets}"
+    for call in with_option:
+        # Each keyword with the option's value, in every call that must honour it (each method's compile).
+        assert {k: call.kwargs.get(k) for k in keywords} == keywords, (option, call.callee, dict(call.kwargs))
+    assert [c for c in walk(plain) if c.callee in targets] != with_option, f"{option}={value!r} changes no call"
     # The 2.14 wheel predates CUDA graph replay: that keyword is the one refusal a stack may answer with.
     assert check_calls(changed, sources) in ([], *([f"{c} does not accept the keyword 'use_cuda_graphs'"]
-                                                   for c in ("torch_tensorrt.save", "torch_tensorrt.executorch.export")))
+                                                   for c in PROGRAM_WRITERS))
 
 
 @pytest.mark.parametrize("method_set", sorted(METHOD_SETS))
