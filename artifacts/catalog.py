@@ -97,7 +97,11 @@ def resolve(
         from prefect_executorch.toolchain import probe
 
         toolchain = probe()
-    require_model(store, name)
+    if alias is not None:
+        check_name(alias, "alias")
+    else:
+        check_name(version or "", "version")
+    require_model(store, name)  # every name is checked first: a bad one sends no request
     if alias is not None:
         return _resolve_alias(store, name, alias, target, compat, toolchain)
     assert version is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,10 @@ def test_validation_of_a_tensorrt_spec_refuses_before_loading(trt_bundle: Path, 
 
 def _setup_with_real_runtime_wheel(tmp_path: Path, stock_runtime_first: bool) -> str:
     """Run the target's runtime setup in a child that has the real 0.1.0 delegate runtime on its path."""
+    if not version("executorch").startswith("1.4."):
+        # The wheel replaces ExecuTorch 1.4's _portable_lib; 1.5 renamed its runtime (_C), which it does not know.
+        pytest.skip(f"the runtime wheel 0.1.0 pins executorch 1.4.1, this is {version('executorch')} (.ci/run runs "
+                    "these tests on 1.4.1 too: constraints-cpu-et141.txt)")
     with zipfile.ZipFile(download_wheel(DELEGATE_RUNTIME)) as wheel:
         wheel.extractall(tmp_path / "site")
     code = (

@@ -64,7 +64,7 @@ class MethodFacts(BaseModel):
 def _executorch_dir() -> Path:
     found = importlib.util.find_spec("executorch")
     if found is None or not found.submodule_search_locations:
-        raise ToolchainMismatch("reading a .pte needs ExecuTorch; install it with: pip install executorch==1.4.1")
+        raise ToolchainMismatch("reading a .pte needs ExecuTorch; install it with: pip install executorch==1.5.1")
     return Path(list(found.submodule_search_locations)[0])
 
 

@@ -150,7 +150,7 @@ def quantizer_versions(quantization: QuantizationSpec | None) -> dict[str, str |
 
 def _require_torchao() -> None:
     if torchao_version() is None:
-        raise ToolchainMismatch("quantization needs torchao, which ExecuTorch installs; reinstall executorch==1.4.1")
+        raise ToolchainMismatch("quantization needs torchao, which ExecuTorch installs; reinstall executorch")
 
 
 def _quantizable(quantization: QuantizationSpec) -> Callable[[torch.nn.Module, str], bool]:

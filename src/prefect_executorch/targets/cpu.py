@@ -39,7 +39,7 @@ class CpuTarget(Target):
         check_scheme(spec, self.name)
         if toolchain.executorch is None:
             raise ToolchainMismatch(
-                f"target {self.name!r} needs ExecuTorch; install it with: pip install executorch==1.4.1"
+                f"target {self.name!r} needs ExecuTorch; install it with: pip install executorch==1.5.1"
             )
         return []
 
