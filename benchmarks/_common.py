@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import time
 from collections.abc import Callable
 from importlib.metadata import version
@@ -14,18 +15,31 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-RESULTS = Path(__file__).parent / "results"
+#: Where results go: ``benchmarks/results`` (ignored by git; ``benchmarks/publish`` copies a run into
+#: ``benchmarks/published/``), or ``$PREFECT_EXECUTORCH_BENCHMARK_RESULTS`` (the smoke test's own folder).
+RESULTS = Path(os.environ.get("PREFECT_EXECUTORCH_BENCHMARK_RESULTS") or Path(__file__).parent / "results")
+
+
+def _commit() -> str | None:
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).parent)
+    except OSError:
+        return None
+    return done.stdout.strip() or None
 
 
 def machine() -> dict[str, Any]:
-    """Cores, memory and versions, recorded with every result."""
+    """Cores, memory, load, versions and the commit, read when the result is written."""
     with open("/proc/meminfo") as handle:
         mem_kib = int(handle.readline().split()[1])
     return {
         "cores": os.cpu_count(),
         "memory_gib": round(mem_kib / 2**20, 1),
+        "load_average_1_5_15m": [round(load, 2) for load in os.getloadavg()],
         "python": platform.python_version(),
         "versions": {name: version(name) for name in ("torch", "executorch", "prefect", "boto3", "prefect-executorch")},
+        "commit": _commit(),
     }
 
 

@@ -71,13 +71,15 @@ SMOKE_RUNS = [
 
 @pytest.mark.benchmark_smoke
 @pytest.mark.parametrize(("script", "args", "name"), SMOKE_RUNS, ids=[run[0] for run in SMOKE_RUNS])
-def test_benchmark_smoke_run_reports_a_planted_miss(script: str, args: list[str], name: str) -> None:
+def test_benchmark_smoke_run_reports_a_planted_miss(script: str, args: list[str], name: str, tmp_path: Path) -> None:
     # The goal is planted as missed: the run must still finish by itself with every figure sound, and exit 1
     # on the FAIL (a benchmark that ignored its verdict would exit 0); goals themselves are judged by run-all.
     started = time.time()
+    # Its results go to a folder of its own: benchmarks/results holds full-size runs only.
     result = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], capture_output=True, text=True,
-                            timeout=1800, env={**os.environ, PLANT_MISS_ENV: "1"})
-    problems = judge_smoke_run(result, name, started)
+                            timeout=1800, env={**os.environ, PLANT_MISS_ENV: "1",
+                                               "PREFECT_EXECUTORCH_BENCHMARK_RESULTS": str(tmp_path)})
+    problems = judge_smoke_run(result, name, started, results=tmp_path)
     assert not problems, "\n".join(problems)
     assert result.returncode == 1 and result.stdout.rstrip().endswith("FAIL"), result.stdout[-500:]
 
