@@ -173,3 +173,18 @@ def test_validation_refuses_an_input_over_budget_before_any_child_starts(tmp_pat
                                         r"validation\.memory_limit_mib"):
         validate_program(spec, tmp_path / "no-bundle", [], scratch_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_deployment_parameters_take_a_target_by_name_as_a_spec_file_does() -> None:
+    # Prefect checks a deployment run's parameters against the flow's schema before the flow starts.
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import ValidationError, validate
+
+    from prefect_executorch.flows.build import build_bundle
+
+    schema = parameter_schema(build_bundle).model_dump_for_openapi()
+    spec = {"name": "m", "version": "1", "model": "m.py:f", "methods": {"forward": {"inputs": [{"name": "x", "shape": [2]}]}}}
+    for target in ("xnnpack", "cuda", {"kind": "xnnpack"}, {"kind": "cuda", "precision": "bf16"}):
+        validate({"spec": {**spec, "target": target}, "store": "./bundles"}, schema, raise_on_error=True)
+    with pytest.raises(ValidationError, match="spec.target"):
+        validate({"spec": {**spec, "target": "vulkan"}, "store": "./bundles"}, schema, raise_on_error=True)

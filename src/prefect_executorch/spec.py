@@ -22,7 +22,7 @@ from pydantic import (
 from prefect_executorch.errors import SpecError
 from prefect_executorch.modelref import ModelRef, check_factory
 from prefect_executorch.specbase import StrictModel, is_safe_name
-from prefect_executorch.targets import TargetSpec
+from prefect_executorch.targets import TARGETS, TargetSpec
 from prefect_executorch.targets.options import XnnpackOptions
 
 Dtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"]
@@ -400,6 +400,17 @@ class ModelCard(StrictModel):
     limitations: str | None = Field(default=None, description="Known failure modes and gaps.")
 
 
+def _target_names_too(schema: dict[str, Any]) -> None:
+    """The target's JSON schema also takes a bare target name (``"xnnpack"``), as a spec file may write it.
+
+    Prefect checks a deployment's parameters against this schema before the flow runs: without it,
+    ``{"target": "xnnpack"}`` was refused there although the spec itself accepts it.
+    """
+    options = dict(schema)
+    schema.clear()
+    schema["anyOf"] = [options, {"type": "string", "enum": sorted(TARGETS)}]
+
+
 class BuildSpec(StrictModel):
     """Everything one build needs; loadable from YAML or JSON."""
 
@@ -408,7 +419,7 @@ class BuildSpec(StrictModel):
     model: str = Field(description="'package.module:factory' or 'path/to/file.py:factory'.")
     weights: str | None = Field(None, description="State dict loaded with torch.load(weights_only=True).")
     methods: dict[str, MethodSpec] = Field(min_length=1, description="Methods of the program by name.")
-    target: TargetSpec = Field(default_factory=XnnpackOptions)
+    target: TargetSpec = Field(default_factory=XnnpackOptions, json_schema_extra=_target_names_too)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     external_weights: bool = Field(False, description="Store weights in a .ptd beside the .pte.")
     quantization: QuantizationSpec | None = Field(None, description="Quantize before lowering (docs/quantization.md).")
