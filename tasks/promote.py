@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.artifacts.aliases import AliasRecord
+from prefect_executorch.artifacts.aliases import AliasRecord, read_alias
 from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
 from prefect_executorch.artifacts.reports import publish_promotion_artifact
 from prefect_executorch.artifacts.store import open_store
@@ -23,10 +23,15 @@ if TYPE_CHECKING:
 def promote_alias(store: str | Block, request: PromotionRequest) -> AliasRecord:
     """Move the alias; a lost race, an unvalidated bundle or a failed side-by-side (unless forced) fails the task."""
     opened = open_store(store)
+    name, version, alias = request.name, request.version, request.alias
+    before = read_alias(opened, name, alias)
     with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as scratch:
         record = promote_checked(opened, request, scratch_dir=Path(scratch))
-    name, version, alias = request.name, request.version, request.alias
     logger = get_run_logger()
+    if before is not None and before[0] == record:
+        # Already there (an automation and a retrain may both ask): nothing moved, so no event says it did.
+        logger.info("%s already: nothing moved", record.describe())
+        return record
     logger.info("%s%s", record.describe(), f" (was {record.previous.version})" if record.previous else "")
     publish_promotion_artifact(f"{name}-{version}-to-{alias}", record)
     emit_bundle_event(

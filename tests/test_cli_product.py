@@ -176,6 +176,8 @@ def test_tables_fit_80_columns_and_json_has_every_value(built: Path) -> None:
     report = json.loads(run_cli("validate", str(built / "spec.json"), str(pulled), "--json", cwd=built).stdout)
     assert report["passed"] and report["cases"][0]["outputs"][0]["max_abs"] is not None
     assert json.loads(run_cli("promote", "mlp", "1", "--alias", "narrow", "--json", cwd=built).stdout)["version"] == "1"
+    again = run_cli("promote", "mlp", "1", "--alias", "narrow", cwd=built)
+    assert again.returncode == 0 and again.stdout.startswith("already: narrow -> mlp 1") and "nothing moved" in again.stdout
 
 
 def test_debug_is_accepted_after_the_command_too(built: Path) -> None:

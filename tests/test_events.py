@@ -67,6 +67,7 @@ def test_publish_promote_pull_and_a_failed_validation_are_events_about_the_bundl
     spec = parse_spec(spec_data("mlp", methods=MLP, validation={"samples": 1, "latency_runs": 0}))
     ref = build_bundle(spec, store=store.url)
     record = promote_flow("mlp", "1", "prod", store=store.url)
+    assert promote_flow("mlp", "1", "prod", store=store.url) == record  # already there: no second event
     pull_in_a_flow(store.url, str(tmp_path / "pulled"))
     # Zero tolerance on portable kernels: the validation fails and nothing is published.
     tight = parse_spec(spec_data("mlp", version="2", methods=MLP, target="portable",

@@ -570,14 +570,21 @@ def promote(
         name=name, version=version, alias=alias, target=target, compat=compat, force=force,
         expect_version=expect_version, max_latency_regression=max_latency_regression,
         allow_output_change=allow_output_change, validation=load_spec(spec_file).validation if spec_file else ValidationSpec())
-    record = promote_checked(_open(store, endpoint_url), request)
+    from prefect_executorch.artifacts.aliases import read_alias
+
+    opened = _open(store, endpoint_url)
+    before = read_alias(opened, name, alias)
+    record = promote_checked(opened, request)
     if as_json:
         sys.stdout.write(record.model_dump_json(indent=2) + "\n")
         return
     if record.comparison is not None:
         console.print(_rows_table(f"{alias}: {version} beside the bundle it held", record.comparison.rows()))
-    before = record.previous
-    was = f" (was {before.version} {before.target}/{before.compat})" if before else ""
+    if before is not None and before[0] == record:
+        console.print(f"already: {record.describe()}; nothing moved")
+        return
+    previous = record.previous
+    was = f" (was {previous.version} {previous.target}/{previous.compat})" if previous else ""
     console.print(f"[bold green]promoted[/] {record.describe()}{was}")
     for line in record.overridden:
         console.print(f"[yellow]forced over:[/] {escape(line)}")
