@@ -296,6 +296,9 @@ def test_worker_refuses_a_run_for_a_channel_it_lacks(fleet: Fleet) -> None:
     assert "needs GPU arch sm90" in message
     assert f"this worker is no CUDA (torch {torch.__version__})" in message
     assert "--index-url https://download.pytorch.org/whl/nightly/cu132" in message
+    # The worker's terminal shows what Prefect's own worker would: its start and the refused run.
+    printed = (fleet.home / "worker-cu132.log").read_text(errors="replace")
+    assert "needs CUDA channel cu132" in printed and "toolchain:" in printed, printed[-4000:]
     assert run.labels["executorch.cuda_channel"] == "cpu"
     assert not [o.key for o in open_store(fleet.store).list(f"{MODEL}/") if "cu132" in o.key]  # nothing was built
 

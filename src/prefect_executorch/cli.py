@@ -40,13 +40,18 @@ _STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DE
 _ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
 
 
-def _quiet_defaults(debug: bool) -> None:
+def _quiet_defaults(debug: bool, prefect_console: bool = False) -> None:
     # Defaults written for Prefect and its children, not our settings: each stays the user's to override.
     # No telemetry from a build tool, and no surprise network calls in an offline build.
     os.environ.setdefault("DO_NOT_TRACK", "1")
     # A fresh ephemeral database takes longer than Prefect's 20 s default on a small machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if debug:
+        return
+    if prefect_console:
+        # A worker's terminal is Prefect's own: what it submits, refuses and sees crash (only library noise goes).
+        warnings.filterwarnings("ignore")
+        logging.getLogger("torchao").setLevel(logging.CRITICAL)
         return
     # Prefect's engine logs every failed task's and flow's exception with its traceback, and the
     # ephemeral server logs its own retries; the CLI reports the one error itself. The runs' logs
@@ -137,7 +142,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 @app.callback()
 def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
     """Export PyTorch models to ExecuTorch, validate them against eager PyTorch, publish bundles."""
-    _quiet_defaults(debug)
+    _quiet_defaults(debug, prefect_console=ctx.invoked_subcommand == "worker")
     signal.signal(signal.SIGTERM, _interrupt)
     if debug:
         # Written, not only kept: the error handler, the flows and child processes read the debug setting.
