@@ -62,8 +62,8 @@ SMOKE_RUNS = [
     ("pull_verify.py", ["--size-mib", "16"], "pull"),
     ("cache_hit.py", [], "cache_hit"),
     ("cli.py", ["--rounds", "3"], "cli_overhead"),
-    ("orchestration_overhead.py", ["--repeat", "1"], "orchestration_overhead"),
-    ("validation_cost.py", ["--repeats", "1"], "validation_cost"),
+    ("orchestration_overhead.py", ["--repeat", "3"], "orchestration_overhead"),
+    ("validation_cost.py", ["--repeats", "3"], "validation_cost"),
     ("scaling.py", ["--sizes-mb", "1", "5"], "scaling"),
     ("quantization.py", ["--smoke", "--rounds", "3", "--runs", "5"], "quantization"),
 ]
