@@ -36,6 +36,17 @@ from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
 from helpers import fresh_store, set_aws_env, spec_data  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_it_was() -> Iterator[None]:
+    """Each test leaves os.environ as it found it: the CLI invoked in-process (CliRunner) writes its defaults there
+    (a quiet Prefect console, the debug flag), which every process a later test starts would inherit."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def prefect_harness() -> Iterator[None]:
     """A temporary Prefect API for the whole session (starting one takes 12-17 s)."""
