@@ -33,7 +33,16 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
 
+import ledger  # noqa: E402
 from helpers import fresh_store, set_aws_env, spec_data  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    ledger.start_session()  # before xdist's workers start: they inherit its folder
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    ledger.print_tables(terminalreporter.write_line)
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from prefect_executorch.spec import parse_spec
 from prefect_executorch.toolchain import probe
 from prefect_executorch.validator import validate_program
 
+import ledger
 from helpers import spec_data
 from realbundle import SHAPES, RealBundle
 
@@ -90,34 +91,25 @@ class Fault:
                 self.lost += 1
 
 
-FAULTS: list[Fault] = []
 
 
-@dataclass
-class ParserRun:
-    """Generated inputs one parser saw in a property test, how many it refused with a typed error, and how many
-    broke an invariant (accepted nonsense, did not round-trip, raised an untyped error)."""
-
-    parser: str
-    seen: int
-    refused: int
-    violations: int
-
-
-PARSER_RUNS: list[ParserRun] = []
 
 
 @pytest.fixture
-def faults() -> Callable[..., Fault]:
-    """Start the ledger of one kind of fault (in the summary whatever the test's outcome; not when ``planted``)."""
+def faults() -> Iterator[Callable[..., Fault]]:
+    """Start the ledger of one kind of fault; its row reaches the summary whatever the test's outcome
+    (not when ``planted``: the ledger's own checks plant losses, which are no fault of the product's)."""
+    started: list[Fault] = []
 
     def start(area: str, fault: str, planted: bool = False) -> Fault:
-        ledger = Fault(area, fault)
-        if not planted:  # the ledger's own checks plant losses: they are no fault of the product's
-            FAULTS.append(ledger)
-        return ledger
+        entry = Fault(area, fault)
+        if not planted:
+            started.append(entry)
+        return entry
 
-    return start
+    yield start
+    for entry in started:
+        ledger.append(ledger.FAULTS, asdict(entry))
 
 
 @pytest.fixture
@@ -125,44 +117,6 @@ def record_parser() -> Callable[[str, int, int, int], None]:
     """Record a parser's property-test counts, as observed (the test fails afterwards on a violation)."""
 
     def record(parser: str, seen: int, refused: int, violations: int) -> None:
-        PARSER_RUNS.append(ParserRun(parser, seen, refused, violations))
+        ledger.append(ledger.PARSERS, {"parser": parser, "seen": seen, "refused": refused, "violations": violations})
 
     return record
-
-
-def _parser_summary(write: Callable[[str], None]) -> None:
-    rows: list[tuple[Any, ...]] = [(r.parser, r.seen, r.refused, r.seen - r.refused, r.violations) for r in PARSER_RUNS]
-    rows.append(("total", *(sum(column) for column in list(zip(*rows, strict=False))[1:])))
-    width = max(len(row[0]) for row in rows)
-    write("")
-    write("parser property tests (every generated input judged; violations as counted, a failed test's too)")
-    for row in [("parser", "inputs", "refused", "accepted", "violations"), *rows]:
-        write(f"{row[0]:<{width}} " + " ".join(f"{value:>10}" for value in row[1:]))
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    write = terminalreporter.write_line
-    if PARSER_RUNS:
-        _parser_summary(write)
-    if not FAULTS:
-        return
-    width = max(len(f.fault) for f in FAULTS)
-    header = f"{'injected':>8} {'survived':>8} {'guarded':>7} {'lost':>5}"
-
-    def counts(rows: list[Fault]) -> str:
-        return (f"{sum(f.injected for f in rows):>8} {sum(f.survived for f in rows):>8} "
-                f"{sum(f.guarded for f in rows):>7} {sum(f.lost for f in rows):>5}")
-
-    write("")
-    write("reliability summary (counted by each test: survived = ended in a typed error or a clean retry; "
-          "guarded = bundles published before the fault, pulled and verified after it; lost = those that failed)")
-    write(f"{'area':<12} {'fault':<{width}} {header}")
-    for f in FAULTS:
-        write(f"{f.area:<12} {f.fault:<{width}} {counts([f])}")
-    write(f"{'total':<12} {'':<{width}} {counts(FAULTS)}")
-    write("")
-    write("by area")
-    write(f"{'area':<12} {'kinds':>5} {header}")
-    for area in sorted({f.area for f in FAULTS}):
-        rows = [f for f in FAULTS if f.area == area]
-        write(f"{area:<12} {len(rows):>5} {counts(rows)}")
