@@ -44,7 +44,7 @@ PLAIN = textwrap.dedent('''
     from torch.export import Dim
     from executorch.exir import to_edge_transform_and_lower
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.extension.pybindings import _portable_lib as portable_lib
+    from prefect_executorch.hostprobe import stock_runtime  # ExecuTorch's runtime extension (1.5 renamed it _C)
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
     from executorch.devtools.bundled_program.core import BundledProgram
     from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
@@ -57,7 +57,7 @@ PLAIN = textwrap.dedent('''
     ep = torch.export.export(model, (x,), dynamic_shapes=({0: Dim("b", min=1, max=8)},))
     prog = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch()
     (out / "model.pte").write_bytes(prog.buffer)
-    module = portable_lib._load_for_executorch(str(out / "model.pte"))
+    module = stock_runtime()._load_for_executorch(str(out / "model.pte"))
     g = torch.Generator().manual_seed(0)
     cases = []
     with torch.no_grad():
