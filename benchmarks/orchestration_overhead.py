@@ -73,7 +73,7 @@ PLAIN = textwrap.dedent('''
     suite = MethodTestSuite(method_name="forward", test_cases=cases)
     bundled = BundledProgram(None, [suite], pte_file_path=str(out / "model.pte"))
     (out / "model.bpte").write_bytes(serialize_from_bundled_program_to_flatbuffer(bundled))
-    loaded = portable_lib._load_bundled_program_from_buffer((out / "model.bpte").read_bytes())
+    loaded = stock_runtime()._load_bundled_program_from_buffer((out / "model.bpte").read_bytes())
     for index in range(len(cases)):
         loaded.verify_result_with_bundled_expected_output("forward", index, 1e-4, 1e-4)
     store = out / "store"; store.mkdir()
