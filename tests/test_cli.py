@@ -79,6 +79,8 @@ def test_debug_shows_the_traceback_of_the_cause(tmp_path: Path) -> None:
     assert "RuntimeError: factory exploded on purpose" in result.stderr
     assert "Traceback" in result.stderr
     assert "View at" not in result.stdout + result.stderr  # the embedded API serves no UI to link to
+    # Each traceback once: the child's (the factory's frame) and this process's, not again in Prefect's logs.
+    assert result.stderr.count('raise RuntimeError("factory exploded on purpose")') == 1, result.stderr
 
 
 def test_probe_json_describes_this_machine(tmp_path: Path) -> None:

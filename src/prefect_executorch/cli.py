@@ -46,19 +46,17 @@ def _quiet_defaults(debug: bool, prefect_console: bool = False) -> None:
     os.environ.setdefault("DO_NOT_TRACK", "1")
     # A fresh ephemeral database takes longer than Prefect's 20 s default on a small machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    if not prefect_console:
+        # Prefect's engine logs every failed task's and flow's exception with its traceback (four times over
+        # for one failed export), and the ephemeral server logs its own retries; the CLI reports the one error
+        # itself, and under --debug its traceback and the child's output, once each. The runs' logs still
+        # reach the API. (Prefect reads PREFECT_LOGGING_<path>_<key> overrides of logging.yml.)
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+        os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
     if debug:
         return
-    if prefect_console:
-        # A worker's terminal is Prefect's own: what it submits, refuses and sees crash (only library noise goes).
-        warnings.filterwarnings("ignore")
-        logging.getLogger("torchao").setLevel(logging.CRITICAL)
-        return
-    # Prefect's engine logs every failed task's and flow's exception with its traceback, and the
-    # ephemeral server logs its own retries; the CLI reports the one error itself. The runs' logs
-    # still reach the API. (Prefect reads PREFECT_LOGGING_<path>_<key> overrides of logging.yml.)
-    os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
-    os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
-    # Library notes (torch's _pytree deprecation, torchao's optional kernels) are no user's business.
+    # Library notes (torch's _pytree deprecation, torchao's optional kernels) are no user's business; a
+    # worker's terminal is Prefect's own (what it submits, refuses and sees crash), but not theirs either.
     warnings.filterwarnings("ignore")
     logging.getLogger("torchao").setLevel(logging.CRITICAL)
 
