@@ -13,6 +13,13 @@ tensors, the backend copies them to the GPU and the outputs back. So "eager CUDA
 the GPU) is beside "eager + host copies" (the same boundary as the program); their difference is what that
 boundary costs eager, and the program pays it on every call.
 
+CudaBackend allocates each call's tensors from the default CUDA memory pool and synchronises each call;
+the cuda target's runtime setup (validation's, and this process's) lets that pool keep its memory, as a
+serving process should. "program, pool trimmed" is the same program at the driver's default release
+threshold (0: memory handed back at every synchronisation), so the difference is what that setting costs.
+``--profile-calls`` program calls at batch 1 run under ``torch.profiler`` for each pool setting, and the
+events that took most GPU and host time are recorded: where a call's time goes.
+
 The last line is ``RESULT gpu_latency ratio=<worst program p50 / eager CUDA p50 at batch 1> goal=<=1.0``:
 the program must be no slower than eager CUDA at batch 1 for every model (the goal the `cuda` target was
 asked to meet; eager CUDA is the baseline a user would otherwise deploy).
@@ -27,18 +34,20 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, report, spread  # noqa: E402
 
 from prefect_executorch.exporter import export_program  # noqa: E402
 from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
+from prefect_executorch.targets.gpu import set_cuda_pool_release_threshold  # noqa: E402
 from prefect_executorch.validator import require_passed, validate_program  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 LARGEST = 8
+T = TypeVar("T")
 #: name -> (model reference, the input: shape at batch 1 with the batch as dim 0, dtype, high for ids)
 MODELS: dict[str, tuple[str, list[int], str, int | None]] = {
     "convnet": (f"{ROOT}/examples/convnet/model.py:build", [1, 3, 32, 32], "float32", None),
@@ -86,8 +95,45 @@ def timed(call: Callable[[], Any], calls: int, warmup: int) -> tuple[float, floa
     return percentiles(samples)
 
 
-def measure(name: str, export_dir: Path, data: Path, rounds: int, calls: int) -> dict[str, Any]:
-    """Every side at batch 1 and at the largest batch."""
+def pool_trimmed(measure_: Callable[[], T]) -> T:
+    """``measure_()`` with the default CUDA memory pool at the driver's default threshold, then kept again."""
+    set_cuda_pool_release_threshold(0)
+    try:
+        return measure_()
+    finally:
+        set_cuda_pool_release_threshold()
+
+
+def round_of(side: str, call: Callable[[], Any], calls: int) -> Callable[[int], tuple[float, float]]:
+    """One round of a side: its timed calls, the pool trimmed for the side named so."""
+
+    def one_round(_: int) -> tuple[float, float]:
+        if side.endswith("pool_trimmed"):
+            return pool_trimmed(lambda: timed(call, calls, warmup=10))
+        return timed(call, calls, warmup=10)
+
+    return one_round
+
+
+def top_events(call: Callable[[], Any], calls: int) -> dict[str, list[dict[str, Any]]]:
+    """The profiled events of ``calls`` calls that took most self GPU and self host time (µs per call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(10):
+        call()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
+        for _ in range(calls):
+            call()
+    rows = [{"event": event.key[:80], "count_per_call": round(event.count / calls, 2),
+             "device_us_per_call": round(event.self_device_time_total / calls, 2),
+             "host_us_per_call": round(event.self_cpu_time_total / calls, 2)}
+            for event in profiled.key_averages()]
+    return {column: sorted(rows, key=lambda row: -row[column])[:12]
+            for column in ("device_us_per_call", "host_us_per_call")}
+
+
+def measure(name: str, export_dir: Path, data: Path, rounds: int, calls: int, profile_calls: int) -> dict[str, Any]:
+    """Every side at batch 1 and at the largest batch, and the profile of the program at batch 1."""
     import torch
 
     from prefect_executorch.modelref import load_model
@@ -107,20 +153,25 @@ def measure(name: str, export_dir: Path, data: Path, rounds: int, calls: int) ->
             figures.setdefault("torch_compile_first_call_s", round(time.perf_counter() - started, 2))
             sides: dict[str, Callable[[], Any]] = {
                 "program": lambda h=host: program.run_method("forward", (h,)),
+                "program_pool_trimmed": lambda h=host: program.run_method("forward", (h,)),
                 "eager_cuda": lambda d=device: model(d),
                 "eager_host_copies": lambda h=host: model(h.cuda()).cpu(),
                 "torch_compile": lambda d=device: compiled(d),
             }
             check = program.run_method("forward", (host,))[0]
             error = float((check - model(device).cpu()).abs().max())
-            per_round = interleaved({side: lambda _, c=call: timed(c, calls, warmup=10) for side, call in sides.items()},
-                                    rounds)
+            per_round = interleaved({side: round_of(side, call, calls) for side, call in sides.items()}, rounds)
             figures[f"batch{batch}"] = {
                 "max_abs_error_program_vs_eager": error,
                 **{side: {"p50": spread([p50 for p50, _ in values], 4, "ms"),
                           "p95_median_ms": round(statistics.median(p95 for _, p95 in values), 4)}
                    for side, values in per_round.items()},
             }
+        if profile_calls:
+            host = inputs_for(name, 1)
+            run = lambda: program.run_method("forward", (host,))  # noqa: E731
+            figures["profile_batch1_program"] = top_events(run, profile_calls)
+            figures["profile_batch1_program_pool_trimmed"] = pool_trimmed(lambda: top_events(run, profile_calls))
     return figures
 
 
@@ -128,6 +179,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--profile-calls", type=int, default=50, help="program calls profiled per pool setting (0: none)")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     args = parser.parse_args()
 
@@ -158,7 +210,7 @@ def main() -> int:
                 "validate_s": round(time.perf_counter() - exported, 1),
                 "pte_bytes": (export.path / export.program).stat().st_size, "ptd_bytes": data.stat().st_size,
                 "delegates": export.delegates(), "notes": export.warnings,
-                **measure(name, export.path, data, args.rounds, args.calls),
+                **measure(name, export.path, data, args.rounds, args.calls, args.profile_calls),
             }
             at_one = model_figures["batch1"]
             ratios[name] = at_one["program"]["p50"]["median_ms"] / at_one["eager_cuda"]["p50"]["median_ms"]

@@ -50,14 +50,23 @@ def spec_of(factory: str, methods: dict[str, Any], validation: dict[str, Any] | 
 
 
 @pytest.fixture(scope="module")
-def gpu() -> Toolchain:
-    """This machine's probe; skips the module with the target's refusal where it cannot build target cuda."""
+def gpu(record_testsuite_property: Callable[[str, object], None]) -> Toolchain:
+    """This machine's probe; skips the module with the target's refusal where it cannot build target cuda.
+
+    Where it can, the GPU and the stack go into the junit record's properties: what ran the tests.
+    """
     found = probe()
     try:
         TARGET.check(spec_of("mlp", {"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}), found)
     except ToolchainMismatch as exc:
         headline, *problems = str(exc).split("\n  - ")
         pytest.skip(f"{headline} {problems[0] if problems else ''} (all of them: prefect-executorch probe, docs/cuda.md)")
+    stack = {"gpu": f"{found.gpus[0].name} {found.sm}", "driver": found.driver_version, "python": found.python,
+             "torch": found.torch, "executorch": found.executorch, "triton": found.triton, "nvcc": found.nvcc_version,
+             "torch-tensorrt-executorch-runtime": found.tensorrt_executorch_runtime,
+             "runtime_backends": ",".join(found.runtime_backends or [])}
+    for name, value in stack.items():
+        record_testsuite_property(name, value)
     return found
 
 
@@ -242,3 +251,22 @@ def test_the_demo_spec_builds_signs_verifies_and_promotes_side_by_side_through_t
     # GPU latencies move by more than the default 10% between runs; the outputs must still agree.
     promoted = cli("promote", "small-convnet", "1.0.1", "--alias", "staging", "--max-latency-regression", "1.0")
     assert "1.0.1" in promoted
+
+
+def test_the_runtime_setup_lets_the_cuda_pool_keep_its_memory(gpu: Toolchain) -> None:
+    """CudaBackend allocates from the default pool every call; validation times it as a server would run it."""
+    import ctypes
+
+    from prefect_executorch.targets.gpu import KEEP_ALL, set_cuda_pool_release_threshold
+
+    def threshold() -> int:
+        driver, device, pool, value = ctypes.CDLL("libcuda.so.1"), ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+        assert driver.cuInit(0) == 0 and driver.cuDeviceGet(ctypes.byref(device), 0) == 0
+        assert driver.cuDeviceGetDefaultMemPool(ctypes.byref(pool), device) == 0
+        assert driver.cuMemPoolGetAttribute(pool, 4, ctypes.byref(value)) == 0
+        return value.value
+
+    set_cuda_pool_release_threshold(0)
+    assert threshold() == 0
+    TARGET.runtime_setup()
+    assert threshold() == KEEP_ALL

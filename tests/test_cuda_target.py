@@ -266,3 +266,17 @@ def test_the_cuda_extra_admits_what_the_runtime_wheel_requires() -> None:
                for v in ("2.13.9", "2.14.0", "2.14.5", "2.15.0"))
     assert extra["torch-tensorrt-executorch-runtime"].specifier.contains(DELEGATE_RUNTIME.split("==")[1])
     assert "tensorrt-cu13" in required  # why the install line names NVIDIA's index
+
+
+def test_the_pool_setting_names_the_missing_driver() -> None:
+    import ctypes
+
+    from prefect_executorch.targets.gpu import set_cuda_pool_release_threshold
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("this machine has the NVIDIA driver library")
+    except OSError:
+        pass
+    with pytest.raises(ToolchainMismatch, match="no driver library .*libcuda.so.1.*GPU worker"):
+        set_cuda_pool_release_threshold()

@@ -3,6 +3,7 @@ reference on CUDA, and the ExecuTorch runtime that has their delegates."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 from typing import TYPE_CHECKING, Literal
 
@@ -80,6 +81,33 @@ def configure_eager_cuda() -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+
+
+#: ``CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`` of the CUDA driver API (``CUmemPool_attribute``).
+_RELEASE_THRESHOLD = 4
+KEEP_ALL = 2**64 - 1
+
+
+def set_cuda_pool_release_threshold(threshold: int = KEEP_ALL, device: int = 0) -> None:
+    """Let the device's default memory pool keep up to ``threshold`` bytes across synchronisations.
+
+    CudaBackend allocates every input, output and intermediate with ``cudaMallocAsync`` from that pool
+    and synchronises each call; at the driver's default threshold (0) each synchronisation hands the
+    memory back to the OS and the next call maps it again. Keeping it (``KEEP_ALL``) is what a serving
+    process wants; the memory stays the program's peak, which the pool reuses.
+    """
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise ToolchainMismatch(f"CUDA programs run on an NVIDIA GPU with its driver; this machine has no driver "
+                                f"library ({exc}): run it on a GPU worker") from None
+    handle, pool, value = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64(threshold)
+    for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(handle), device)),
+                       ("cuDeviceGetDefaultMemPool", (ctypes.byref(pool), handle)),
+                       ("cuMemPoolSetAttribute", (pool, _RELEASE_THRESHOLD, ctypes.byref(value)))):
+        status = getattr(driver, call)(*args)
+        if status != 0:
+            raise RuntimeError(f"{call} failed with CUDA driver error {status}")
 
 
 def activate_runtime_wheel(backend: str, required: bool, hint: str, fix: str) -> bool:
