@@ -11,10 +11,10 @@ from prefect_executorch.artifacts.aliases import AliasRecord, list_aliases, read
 from prefect_executorch.artifacts.manifest import ALIASES_DIR, MANIFEST_FILE, BundleKey
 from prefect_executorch.artifacts.registry import list_bundles
 from prefect_executorch.artifacts.store import ObjectStore
-from prefect_executorch.compat import fit, parse_compat
 from prefect_executorch.errors import BundleConflict, BundleNotFound, SpecError, ToolchainMismatch
-from prefect_executorch.spec import check_name
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.machine.compat import fit, parse_compat
+from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.spec.buildspec import check_name
 
 AUTO = "auto"
 
@@ -94,7 +94,7 @@ def resolve(
     if compat != AUTO:
         parse_compat(compat)
     if compat == AUTO and toolchain is None:
-        from prefect_executorch.toolchain import probe
+        from prefect_executorch.machine.toolchain import probe
 
         toolchain = probe()
     if alias is not None:

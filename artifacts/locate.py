@@ -12,7 +12,7 @@ from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey, Mani
 from prefect_executorch.artifacts.registry import list_bundles, pull
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import SpecError
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.machine.toolchain import Toolchain
 
 #: How a bundle's manifest is addressed: the store, then the key's four segments, then the file.
 MANIFEST_URL_FORM = "<store-url-or-dir>/<name>/<version>/<target>/<compat>/manifest.json"

@@ -10,16 +10,16 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from prefect_executorch import __version__
-from prefect_executorch.bundled import BundledFacts
-from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import SpecError
-from prefect_executorch.fingerprint import BuildFingerprint
-from prefect_executorch.lineage import Lineage
+from prefect_executorch.export.fingerprint import BuildFingerprint
+from prefect_executorch.export.lineage import Lineage
+from prefect_executorch.export.quantize import QuantizationFacts
+from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.program import MethodFacts
-from prefect_executorch.quantization import QuantizationFacts
-from prefect_executorch.report import ValidationSummary
-from prefect_executorch.spec import InputSpec, ModelCard, check_name
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.spec.buildspec import InputSpec, ModelCard, check_name
+from prefect_executorch.targets.delegation import DelegationFacts
+from prefect_executorch.validate.bundled import BundledFacts
+from prefect_executorch.validate.report import ValidationSummary
 
 MANIFEST_FILE = "manifest.json"
 #: ``<name>/aliases/`` holds the aliases, so no version may have that name.

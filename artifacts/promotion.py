@@ -19,9 +19,9 @@ from prefect_executorch.artifacts.registry import pull
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import BundleConflict, PromotionRefused
 from prefect_executorch.isolation import run_isolated
-from prefect_executorch.sidebyside import ProgramFiles, SideBySide, SideBySideRequest, merge_apart
-from prefect_executorch.spec import MethodSpec, ValidationSpec, check_name
+from prefect_executorch.spec.buildspec import MethodSpec, ValidationSpec, check_name
 from prefect_executorch.targets import get_target
+from prefect_executorch.validate.sidebyside import ProgramFiles, SideBySide, SideBySideRequest, merge_apart
 
 #: Default of ``--max-latency-regression``: the candidate's p50 may be at most 10% above the current one's.
 MAX_LATENCY_REGRESSION = 0.10

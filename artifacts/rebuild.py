@@ -10,10 +10,10 @@ from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey, Mani
 from prefect_executorch.artifacts.registry import BundleRef, read_manifest
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import BundleConflict
-from prefect_executorch.fingerprint import BuildFingerprint, build_fingerprint
+from prefect_executorch.export.fingerprint import BuildFingerprint, build_fingerprint
 from prefect_executorch.hashing import sha256_bytes
-from prefect_executorch.spec import BuildSpec
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.spec.buildspec import BuildSpec
 
 
 class PublishedBuild(BaseModel):

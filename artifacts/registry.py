@@ -33,8 +33,6 @@ from prefect_executorch.artifacts.signing import (
     verify_directory,
 )
 from prefect_executorch.artifacts.store import ObjectStore
-from prefect_executorch.bundled import BUNDLED_FILE, bundled_facts
-from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import (
     BundleConflict,
     BundleNotFound,
@@ -44,14 +42,16 @@ from prefect_executorch.errors import (
     ObjectExists,
     PrefectExecutorchError,
 )
-from prefect_executorch.exporter import ExportedProgramDir
-from prefect_executorch.fingerprint import BuildFingerprint
+from prefect_executorch.export.exporter import ExportedProgramDir
+from prefect_executorch.export.fingerprint import BuildFingerprint
+from prefect_executorch.export.lineage import Lineage
 from prefect_executorch.hashing import sha256_bytes, sha256_file
-from prefect_executorch.lineage import Lineage
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import BuildSpec, check_name
+from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.spec.buildspec import BuildSpec, check_name
 from prefect_executorch.targets import get_target
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.targets.delegation import DelegationFacts
+from prefect_executorch.validate.bundled import BUNDLED_FILE, bundled_facts
+from prefect_executorch.validate.report import ValidationReport
 
 if TYPE_CHECKING:
     from prefect_executorch.settings import SigningSettings

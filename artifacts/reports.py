@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import ModelCard
-from prefect_executorch.triage import TriageReport
+from prefect_executorch.spec.buildspec import ModelCard
+from prefect_executorch.validate.report import ValidationReport
+from prefect_executorch.validate.triage import TriageReport
 
 if TYPE_CHECKING:
     from prefect_executorch.artifacts.aliases import AliasRecord

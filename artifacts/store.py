@@ -15,7 +15,6 @@ from abc import ABC, abstractmethod
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field
 
@@ -23,7 +22,7 @@ from prefect_executorch.errors import BundleNotFound, IntegrityError, ObjectExis
 from prefect_executorch.hashing import CHUNK, sha256_file
 
 if TYPE_CHECKING:
-    from prefect.blocks.core import Block
+    pass
 
 _TMP_PREFIX = ".tmp-"
 
@@ -254,27 +253,3 @@ class LocalStore(ObjectStore):
         path = self.root / upload.key
         if path.name.startswith(_TMP_PREFIX):
             path.unlink(missing_ok=True)
-
-
-def open_store(url: str | Path | ObjectStore | Block, *, endpoint_url: str | None = None) -> ObjectStore:
-    """A store from a URL (``s3://bucket/prefix``, ``file:///dir``, a directory), a store, or an S3Bucket block."""
-    if isinstance(url, ObjectStore):
-        return url
-    if hasattr(url, "bucket_name") and hasattr(url, "credentials"):  # a prefect-aws S3Bucket block
-        from prefect_executorch.artifacts.s3 import S3Store
-
-        return S3Store.from_block(url)
-    if not isinstance(url, (str, Path)):
-        raise SpecError(f"store: expected a URL, a directory or an S3Bucket block, found {type(url).__name__}")
-    text = str(url)
-    parsed = urlparse(text)
-    if parsed.scheme == "s3":
-        from prefect_executorch.artifacts.s3 import S3Store
-
-        return S3Store.from_url(text, endpoint_url=endpoint_url)
-    if parsed.scheme == "file":
-        return LocalStore(parsed.path)
-    if parsed.scheme and len(parsed.scheme) > 1:
-        raise SpecError(f"store: unsupported URL scheme {parsed.scheme!r} in {text!r}; use s3://bucket/prefix or a directory")
-    return LocalStore(text)
-

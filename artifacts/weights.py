@@ -8,9 +8,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.errors import IntegrityError, SpecError
-from prefect_executorch.spec import BuildSpec, check_name
+from prefect_executorch.spec.buildspec import BuildSpec, check_name
 
 
 class FetchedWeights(BaseModel):

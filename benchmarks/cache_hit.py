@@ -28,9 +28,9 @@ def main() -> int:
                        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"})
     from prefect import flow
 
-    from prefect_executorch.embedded import embedded_settings
+    from prefect_executorch.cli.embedded import embedded_settings
     from prefect_executorch.flows.build import build_bundle
-    from prefect_executorch.spec import load_spec
+    from prefect_executorch.spec.buildspec import load_spec
 
     @flow
     def start_prefect() -> None:

@@ -31,13 +31,13 @@ import tempfile
 from pathlib import Path
 
 from prefect_executorch.artifacts.registry import prepare_bundle, publish
-from prefect_executorch.artifacts.store import open_store
-from prefect_executorch.exporter import export_program
+from prefect_executorch.artifacts.urls import open_store
+from prefect_executorch.export.exporter import export_program
 from prefect_executorch.isolation import warm_up
-from prefect_executorch.spec import load_spec
+from prefect_executorch.spec.buildspec import load_spec
 from prefect_executorch.targets import get_target
-from prefect_executorch.toolchain import probe_isolated
-from prefect_executorch.validator import require_passed, validate_program
+from prefect_executorch.machine.toolchain import probe_isolated
+from prefect_executorch.validate.validator import require_passed, validate_program
 
 if __name__ == "__main__":
     warm_up()

@@ -39,10 +39,10 @@ from typing import Any, TypeVar
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, report, spread  # noqa: E402
 
-from prefect_executorch.exporter import export_program  # noqa: E402
-from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
+from prefect_executorch.export.exporter import export_program  # noqa: E402
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec  # noqa: E402
 from prefect_executorch.targets.gpu import set_cuda_pool_release_threshold  # noqa: E402
-from prefect_executorch.validator import require_passed, validate_program  # noqa: E402
+from prefect_executorch.validate.validator import require_passed, validate_program  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -136,8 +136,8 @@ def measure(name: str, export_dir: Path, data: Path, rounds: int, calls: int, pr
     """Every side at batch 1 and at the largest batch, and the profile of the program at batch 1."""
     import torch
 
-    from prefect_executorch.modelref import load_model
-    from prefect_executorch.runtime import runtime_extension
+    from prefect_executorch.machine.runtimes import runtime_extension
+    from prefect_executorch.spec.modelref import load_model
 
     spec = spec_for(name)
     program = runtime_extension()._load_for_executorch(str(export_dir / "model.pte"), str(data))
@@ -185,8 +185,8 @@ def main() -> int:
 
     import torch
 
+    from prefect_executorch.machine.toolchain import probe
     from prefect_executorch.targets import get_target
-    from prefect_executorch.toolchain import probe
 
     toolchain = probe()  # activates the runtime with CudaBackend in this process, before anything loads another
     get_target("cuda").runtime_setup()  # TF32 off for eager and torch.compile, as validation compares

@@ -10,7 +10,7 @@ Both build the demo model (examples/convnet) from scratch in a fresh process. Wh
   artifacts and cache records.
 - plain script (executorch and hashlib directly, one process, no Prefect, no children): the same
   export, the same 6 cases compared with eager, the same windowed latency measurement
-  (``prefect_executorch.latency.measure_together``, a pure timing loop, with the spec's defaults:
+  (``prefect_executorch.validate.latency.measure_together``, a pure timing loop, with the spec's defaults:
   5 runs per window, 2 warm-up runs, 5 s cap), the cases written to a ``model.bpte`` and run by
   ExecuTorch's bundled-program verifier (in-process), then the program, the ``.bpte`` and a
   manifest of their sha256s written to a store folder.
@@ -44,11 +44,11 @@ PLAIN = textwrap.dedent('''
     from torch.export import Dim
     from executorch.exir import to_edge_transform_and_lower
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from prefect_executorch.hostprobe import stock_runtime  # ExecuTorch's runtime extension (1.5 renamed it _C)
+    from prefect_executorch.machine.hostprobe import stock_runtime  # ExecuTorch's runtime extension (1.5 renamed it _C)
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
     from executorch.devtools.bundled_program.core import BundledProgram
     from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
-    from prefect_executorch.latency import measure_together
+    from prefect_executorch.validate.latency import measure_together
     sys.path.insert(0, sys.argv[2])
     from model import build
     out = Path(sys.argv[1]); out.mkdir(parents=True)

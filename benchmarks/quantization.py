@@ -28,9 +28,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, report, spread  # noqa: E402
 
-from prefect_executorch.exporter import export_program  # noqa: E402
-from prefect_executorch.spec import parse_spec  # noqa: E402
-from prefect_executorch.validator import validate_program  # noqa: E402
+from prefect_executorch.export.exporter import export_program  # noqa: E402
+from prefect_executorch.spec.buildspec import parse_spec  # noqa: E402
+from prefect_executorch.validate.validator import validate_program  # noqa: E402
 
 #: ``wide_<width>``: two square linears (tests/models.py's ``Wide``), 8 MiB of float32 weights at 1024.
 MODELS = Path(__file__).resolve().parents[1] / "tests" / "models.py"
@@ -66,7 +66,7 @@ def interleaved_latency(programs: dict[str, str], width: int, rounds: int, runs:
     """Each round's median ms per call of each program, timed round-robin in this process (``runs`` calls per round)."""
     import torch
 
-    from prefect_executorch.runtime import LoadedProgram
+    from prefect_executorch.validate.runtime import LoadedProgram
 
     loaded = {name: LoadedProgram(Path(path)) for name, path in programs.items()}
     inputs = (torch.rand(8, width) * 2 - 1,)

@@ -29,10 +29,10 @@ SECONDS_PER_MB = 0.06
 
 from prefect_executorch.artifacts.registry import prepare_bundle, publish  # noqa: E402
 from prefect_executorch.artifacts.store import LocalStore  # noqa: E402
-from prefect_executorch.exporter import export_program  # noqa: E402
-from prefect_executorch.spec import parse_spec  # noqa: E402
-from prefect_executorch.toolchain import probe  # noqa: E402
-from prefect_executorch.validator import validate_program  # noqa: E402
+from prefect_executorch.export.exporter import export_program  # noqa: E402
+from prefect_executorch.machine.toolchain import probe  # noqa: E402
+from prefect_executorch.spec.buildspec import parse_spec  # noqa: E402
+from prefect_executorch.validate.validator import validate_program  # noqa: E402
 
 MODELS = Path(__file__).parent / "scaling_models.py"
 

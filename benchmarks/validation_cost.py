@@ -84,9 +84,9 @@ def main() -> int:
 
 
 def _measure(args: argparse.Namespace, work: Path) -> int:
-    from prefect_executorch.exporter import export_program
-    from prefect_executorch.spec import parse_spec
-    from prefect_executorch.validator import ValidateRequest, validate_in_child, validate_program
+    from prefect_executorch.export.exporter import export_program
+    from prefect_executorch.spec.buildspec import parse_spec
+    from prefect_executorch.validate.validator import ValidateRequest, validate_in_child, validate_program
 
     spec = parse_spec({
         "name": "validation-cost", "version": "1", "model": f"{Path(__file__).resolve()}:small_model", "target": "xnnpack",

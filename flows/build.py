@@ -10,8 +10,8 @@ from prefect import flow
 from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.registry import BundleRef
-from prefect_executorch.placement import Placement
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.fleet.placement import Placement
+from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.build import build_and_publish, check_published
 from prefect_executorch.tasks.cache import resolve_result_storage
 from prefect_executorch.tasks.probe import check_buildable, check_placement, probe_toolchain

@@ -7,9 +7,9 @@ from prefect.runtime import deployment
 from prefect.utilities.annotations import quote
 
 from prefect_executorch.artifacts.registry import BundleRef
+from prefect_executorch.fleet.placement import MatrixCell
 from prefect_executorch.flows.build import build_bundle
-from prefect_executorch.placement import MatrixCell
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.dispatch import dispatch_build, summarize_matrix
 
 

@@ -7,7 +7,7 @@ from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import MAX_LATENCY_REGRESSION, PromotionRequest
-from prefect_executorch.spec import ValidationSpec
+from prefect_executorch.spec.buildspec import ValidationSpec
 from prefect_executorch.tasks.promote import promote_alias
 
 

@@ -10,10 +10,10 @@ from prefect import flow
 
 from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import PromotionRequest
+from prefect_executorch.fleet.placement import MatrixCell
+from prefect_executorch.fleet.retrain import parse_request, promotion_aliases
 from prefect_executorch.flows.matrix import build_matrix
-from prefect_executorch.placement import MatrixCell
-from prefect_executorch.retrain import parse_request, promotion_aliases
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.promote import promote_alias
 from prefect_executorch.tasks.weights import fetch_weights
 
@@ -33,7 +33,7 @@ def retrain(
 ) -> list[AliasRecord]:
     """Fetch ``weights_uri``, build ``spec`` with it for every target, then move ``alias`` to the new bundles.
 
-    The parameters are the ``model.retrain.requested`` payload (see ``prefect_executorch.retrain``)
+    The parameters are the ``model.retrain.requested`` payload (see ``prefect_executorch.fleet.retrain``)
     plus the deployment's spec, targets and store. The version defaults to
     ``<spec version>-<sha256[:12]>`` of the weights, so a repeated request rebuilds nothing.
     Nothing is promoted unless every build validated and published; one target moves ``alias``,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from prefect import flow
 
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.probe import check_buildable, probe_toolchain
 from prefect_executorch.tasks.pull import pull_published
 from prefect_executorch.tasks.validate import validate_pulled
+from prefect_executorch.validate.report import ValidationReport
 
 
 @flow(name="revalidate-bundle", flow_run_name="revalidate-{name}-{alias_or_version}")

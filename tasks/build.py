@@ -10,17 +10,17 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.rebuild import PublishedBuild, check_rebuild
 from prefect_executorch.artifacts.registry import BundleRef
-from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.errors import ValidationFailed
-from prefect_executorch.placement import needs_cuda
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.fleet.gpus import gpu_slot
+from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.targets import needs_cuda
 from prefect_executorch.tasks.cache import BuildCachePolicy
 from prefect_executorch.tasks.events import VALIDATION_FAILED, emit_bundle_event
 from prefect_executorch.tasks.export import export_model
-from prefect_executorch.tasks.gpu import gpu_slot
 from prefect_executorch.tasks.publish import publish_bundle
 from prefect_executorch.tasks.validate import validate_export
-from prefect_executorch.toolchain import Toolchain
 
 if TYPE_CHECKING:
     from prefect.blocks.core import Block

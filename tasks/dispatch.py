@@ -13,8 +13,8 @@ from prefect.states import State
 from prefect_executorch.artifacts.registry import BundleRef
 from prefect_executorch.artifacts.reports import artifact_key
 from prefect_executorch.errors import BuildFailed
-from prefect_executorch.placement import MatrixCell
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.fleet.placement import MatrixCell
+from prefect_executorch.spec.buildspec import BuildSpec
 
 #: Flow name of ``build_bundle``; its deployments are named after their pool (``build-bundle/gpu-cu132``).
 BUILD_FLOW = "build-bundle"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.exporter import ExportedProgramDir, export_program
+from prefect_executorch.export.exporter import ExportedProgramDir, export_program
 from prefect_executorch.progress import stage
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec.buildspec import BuildSpec
 
 
 @task(name="export")

@@ -5,11 +5,11 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 
 from prefect_executorch.errors import ToolchainMismatch
-from prefect_executorch.placement import Placement, route
+from prefect_executorch.fleet.placement import Placement, route
+from prefect_executorch.machine.toolchain import Toolchain, probe_isolated
 from prefect_executorch.progress import stage
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.targets import get_target
-from prefect_executorch.toolchain import Toolchain, probe_isolated
 
 
 @task(name="probe-toolchain")

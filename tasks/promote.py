@@ -11,7 +11,7 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.aliases import AliasRecord, read_alias
 from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
 from prefect_executorch.artifacts.reports import publish_promotion_artifact
-from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.tasks.assets import record_alias
 from prefect_executorch.tasks.events import PROMOTED, emit_bundle_event
 

@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.registry import BundleRef, prepare_bundle, publish
-from prefect_executorch.artifacts.store import open_store
-from prefect_executorch.exporter import ExportedProgramDir
-from prefect_executorch.fingerprint import BuildFingerprint
-from prefect_executorch.lineage import collect_lineage
+from prefect_executorch.artifacts.urls import open_store
+from prefect_executorch.export.exporter import ExportedProgramDir
+from prefect_executorch.export.fingerprint import BuildFingerprint
+from prefect_executorch.export.lineage import collect_lineage
+from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.progress import stage
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.assets import record_bundle
 from prefect_executorch.tasks.events import PUBLISHED, emit_bundle_event
 from prefect_executorch.tasks.retries import retry_transient
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.validate.report import ValidationReport
 
 if TYPE_CHECKING:
     from prefect.blocks.core import Block

@@ -11,11 +11,11 @@ from prefect_executorch.artifacts.catalog import AUTO, Resolved, resolve
 from prefect_executorch.artifacts.locate import pull_fresh, resolve_published
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, Manifest
 from prefect_executorch.artifacts.registry import pull
-from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.hashing import sha256_file
+from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.tasks.events import PULLED, emit_bundle_event
 from prefect_executorch.tasks.retries import retry_transient
-from prefect_executorch.toolchain import Toolchain
 
 if TYPE_CHECKING:
     from prefect.blocks.core import Block

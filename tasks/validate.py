@@ -8,14 +8,20 @@ from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.manifest import Manifest
 from prefect_executorch.artifacts.reports import publish_triage_artifact, publish_validation_artifacts
-from prefect_executorch.bundled import BUNDLED_FILE, method_cases, require_bundled_passed, skip_reason, verify_bundled
-from prefect_executorch.delegation import DelegationFacts
-from prefect_executorch.exporter import ExportedProgramDir
+from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.progress import stage
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import BuildSpec
-from prefect_executorch.triage import triage_failure
-from prefect_executorch.validator import require_passed, validate_program
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.targets.delegation import DelegationFacts
+from prefect_executorch.validate.bundled import (
+    BUNDLED_FILE,
+    method_cases,
+    require_bundled_passed,
+    skip_reason,
+    verify_bundled,
+)
+from prefect_executorch.validate.report import ValidationReport
+from prefect_executorch.validate.triage import triage_failure
+from prefect_executorch.validate.validator import require_passed, validate_program
 
 
 def _validate(

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 
+from prefect_executorch.artifacts.weights import FetchedWeights
+from prefect_executorch.artifacts.weights import fetch_weights as fetch
 from prefect_executorch.tasks.retries import retry_transient
-from prefect_executorch.weights import FetchedWeights
-from prefect_executorch.weights import fetch_weights as fetch
 
 
 @task(name="fetch-weights", retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=retry_transient)

@@ -31,7 +31,7 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-executorch-tests-home-"))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
-from prefect_executorch.spec import BuildSpec, parse_spec  # noqa: E402
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec  # noqa: E402
 
 import ledger  # noqa: E402
 from helpers import fresh_store, set_aws_env, spec_data  # noqa: E402

@@ -11,15 +11,15 @@ import torch
 from prefect_executorch.artifacts.manifest import BundleKey, Manifest
 from prefect_executorch.artifacts.registry import pull, verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
-from prefect_executorch.compat import cpu_compat
 from prefect_executorch.errors import ExportFailed, ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.hashing import sha256_file
-from prefect_executorch.inputs import random_inputs
-from prefect_executorch.modelref import load_model, method_callable
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.runtime import LoadedProgram
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.machine.compat import cpu_compat
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.inputs import random_inputs
+from prefect_executorch.spec.modelref import load_model, method_callable
+from prefect_executorch.validate.report import ValidationReport
+from prefect_executorch.validate.runtime import LoadedProgram
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -102,7 +102,7 @@ def test_a_build_computes_its_compat_key_once(make_spec, tmp_path: Path, monkeyp
         return key
 
     # The CPU targets hold the builder by name; patch that name and the module's, so no call escapes the count.
-    monkeypatch.setattr("prefect_executorch.compat.cpu_compat", counted)
+    monkeypatch.setattr("prefect_executorch.machine.compat.cpu_compat", counted)
     monkeypatch.setattr("prefect_executorch.targets.cpu.cpu_compat", counted)
     spec = make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}},
                      validation={"samples": 1, "latency_runs": 0})

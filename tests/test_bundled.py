@@ -14,13 +14,13 @@ import torch
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, Manifest
 from prefect_executorch.artifacts.registry import file_entries, publish, verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
-from prefect_executorch.bundled import BUNDLED_FILE, bundled_facts, run_bundled_cases, skip_reason
 from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.hashing import sha256_file
-from prefect_executorch.report import ValidationReport
 from prefect_executorch.settings import BundledSettings
-from prefect_executorch.spec import parse_spec
+from prefect_executorch.spec.buildspec import parse_spec
+from prefect_executorch.validate.bundled import BUNDLED_FILE, bundled_facts, run_bundled_cases, skip_reason
+from prefect_executorch.validate.report import ValidationReport
 
 from helpers import spec_data
 

@@ -12,10 +12,10 @@ import torch
 from prefect_executorch.artifacts.registry import verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import BundleConflict
-from prefect_executorch.fingerprint import build_fingerprint
+from prefect_executorch.export.fingerprint import build_fingerprint
 from prefect_executorch.flows.build import build_bundle
-from prefect_executorch.spec import BuildSpec
-from prefect_executorch.toolchain import Toolchain, probe
+from prefect_executorch.machine.toolchain import Toolchain, probe
+from prefect_executorch.spec.buildspec import BuildSpec
 
 from helpers import MODELS
 
@@ -109,7 +109,7 @@ def test_the_cache_key_is_the_fingerprint_made_before_the_task(make_spec, toolch
 
 @pytest.mark.usefixtures("prefect_harness")
 def test_a_build_fingerprints_its_inputs_once(make_spec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from prefect_executorch import fingerprint
+    from prefect_executorch.export import fingerprint
 
     hashed: list[str] = []
 
@@ -209,7 +209,7 @@ def test_samples_and_datasets_count_by_content_not_by_path(make_spec, tmp_path: 
 def test_checking_a_package_model_reference_runs_none_of_its_code(make_spec, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect_executorch.errors import SpecError
-    from prefect_executorch.modelref import source_file
+    from prefect_executorch.spec.modelref import source_file
 
     package = tmp_path / "zoo" / "vision"
     package.mkdir(parents=True)

@@ -102,7 +102,7 @@ def test_inspect_refuses_a_directory_without_manifest(tmp_path: Path) -> None:
 def test_cli_validate_needs_exactly_one_bundle(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from prefect_executorch.cli import app
+    from prefect_executorch.cli.main import app
 
     (tmp_path / "spec.json").write_text(json.dumps(spec_data("mlp")))
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.json")])

@@ -162,8 +162,8 @@ def test_tables_fit_80_columns_and_json_has_every_value(built: Path) -> None:
     # promote's side-by-side table, its worst disagreement a long line: under the table, whole.
     from rich.console import Console
 
-    from prefect_executorch.cli import _rows_table
-    from prefect_executorch.sidebyside import ComparisonRow
+    from prefect_executorch.cli.main import _rows_table
+    from prefect_executorch.validate.sidebyside import ComparisonRow
 
     worst = "output [0] at static [[2, 32]]: 100.00% of elements beyond atol=0.0001 + rtol=1e-05*|eager| from default"
     row = ComparisonRow(method="forward_with_a_long_name", inputs=12, disagreeing=12, current_p50_ms=0.0812345,
@@ -293,7 +293,7 @@ def test_prefect_is_imported_before_the_api_thread_starts(tmp_path: Path) -> Non
     """Prefect's import loads collections (ours too): in a second thread beside ours it could deadlock on import locks."""
     script = """
 import sys
-from prefect_executorch.cli import _start_prefect
+from prefect_executorch.cli.main import _start_prefect
 future = _start_prefect()
 prefect = sys.modules.get("prefect")
 print("prefect imported when the thread started:", prefect is not None and not prefect.__spec__._initializing)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, treespec_dumps
 
-from prefect_executorch.compare import compare_outputs, limits_for
-from prefect_executorch.spec import ValidationSpec
+from prefect_executorch.spec.buildspec import ValidationSpec
+from prefect_executorch.validate.compare import compare_outputs, limits_for
 
 
 def test_tolerances_go_from_general_to_specific() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from prefect_executorch.compat import cpu_compat, fit, gpu_compat, parse_compat, parse_sm, sm_number
 from prefect_executorch.errors import SpecError
-from prefect_executorch.toolchain import GpuInfo, Toolchain
+from prefect_executorch.machine.compat import cpu_compat, fit, gpu_compat, parse_compat, parse_sm, sm_number
+from prefect_executorch.machine.toolchain import GpuInfo, Toolchain
 
 CPU_HOST = Toolchain(python="3.11", os="Linux", arch="x86_64", torch="2.13.0+cpu")
 H100 = Toolchain(python="3.11", os="Linux", arch="x86_64", torch="2.14.0+cu132", cuda_channel="cu132",

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from prefect_executorch.isolation import MemoryLimit, run_isolated
-from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.machine.toolchain import ProbeRequest, Toolchain, probe
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.gpu import configure_eager_cuda
-from prefect_executorch.toolchain import ProbeRequest, Toolchain, probe
 
 from helpers import MODELS
 
@@ -103,8 +103,8 @@ def test_latency_of_cuda_calls_is_synchronised(gpu: Toolchain) -> None:
 
     import torch
 
-    from prefect_executorch.spec import ValidationSpec
-    from prefect_executorch.validator import measure_latency
+    from prefect_executorch.spec.buildspec import ValidationSpec
+    from prefect_executorch.validate.validator import measure_latency
 
     a = torch.randn(8192, 8192, device="cuda")
 
@@ -135,7 +135,7 @@ def test_one_engine_build_per_gpu_holds_this_gpu(gpu: Toolchain, request: pytest
     from prefect import get_client
     from prefect.concurrency.sync import concurrency
 
-    from prefect_executorch.tasks.gpu import GPU_ENV, gpu_limit_name, gpu_slot
+    from prefect_executorch.fleet.gpus import GPU_ENV, gpu_limit_name, gpu_slot
 
     request.getfixturevalue("prefect_harness")
     monkeypatch.delenv(GPU_ENV, raising=False)
@@ -151,7 +151,7 @@ def test_one_engine_build_per_gpu_holds_this_gpu(gpu: Toolchain, request: pytest
 
 
 def test_the_worker_routes_by_the_probe_of_this_machine(gpu: Toolchain) -> None:
-    from prefect_executorch.placement import route
+    from prefect_executorch.fleet.placement import route
 
     assert gpu.cuda_channel is not None and gpu.sm is not None
     spec = {"name": "m", "version": "1", "model": "x.py:f", "methods": {}, "target": "tensorrt"}
@@ -169,7 +169,7 @@ def test_device_resident_inputs_reach_the_delegate_runtime_on_cuda(gpu: Toolchai
     import torch
 
     from prefect_executorch.errors import ToolchainMismatch
-    from prefect_executorch.validator import validate_program
+    from prefect_executorch.validate.validator import validate_program
 
     spec = trt_spec(device_resident_io={"inputs": True, "outputs": False})
     prepared = TARGET.prepare_input(torch.ones(4, 32), spec)

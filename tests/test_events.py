@@ -14,7 +14,7 @@ from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
 from prefect_executorch.hashing import sha256_file
-from prefect_executorch.spec import parse_spec
+from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.tasks.assets import asset_uri, bundle_asset_key
 from prefect_executorch.tasks.events import PROMOTED, PUBLISHED, PULLED, VALIDATION_FAILED
 from prefect_executorch.tasks.pull import pull_bundle

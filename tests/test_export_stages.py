@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from prefect_executorch.errors import ExportFailed
-from prefect_executorch.exporter import export_program
+from prefect_executorch.export.exporter import export_program
 
 
 def test_an_operator_without_a_kernel_is_named_at_export(make_spec, tmp_path: Path) -> None:
@@ -74,7 +74,7 @@ def test_a_runtime_failure_carries_what_the_runtime_logged(make_spec, tmp_path: 
     import torch
 
     from prefect_executorch.errors import ValidationFailed
-    from prefect_executorch.runtime import LoadedProgram
+    from prefect_executorch.validate.runtime import LoadedProgram
 
     spec = make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [4, 32],
                                                               "dynamic": {0: {"min": 1, "max": 8}}}]}})

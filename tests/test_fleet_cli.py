@@ -44,12 +44,12 @@ def test_worker_type_is_registered_through_the_entry_point() -> None:
     code = ("from prefect.workers.base import BaseWorker; "
             "print(BaseWorker.get_worker_class_from_type('executorch').__module__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/").stdout
-    assert out.strip() == "prefect_executorch.worker"
+    assert out.strip() == "prefect_executorch.fleet.worker"
 
 
 def test_a_retrain_moves_one_alias_per_bundle() -> None:
     from prefect_executorch.artifacts.manifest import BundleKey
-    from prefect_executorch.retrain import promotion_aliases
+    from prefect_executorch.fleet.retrain import promotion_aliases
 
     cpu = BundleKey(name="m", version="2", target="xnnpack", compat="cpu-xnnpack-x86_64")
     gpu = BundleKey(name="m", version="2", target="tensorrt", compat="cu132-sm90-trt11.1-x86_64")

@@ -30,7 +30,7 @@ import yaml
 from prefect_executorch.artifacts.aliases import read_alias
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.registry import pull, read_manifest
-from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.hashing import sha256_file
 
 from helpers import set_aws_env

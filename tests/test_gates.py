@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from prefect_executorch.delegation import DelegationFacts
-from prefect_executorch.report import LatencyResult
-from prefect_executorch.spec import ValidationSpec
-from prefect_executorch.validator import check_gates
+from prefect_executorch.spec.buildspec import ValidationSpec
+from prefect_executorch.targets.delegation import DelegationFacts
+from prefect_executorch.validate.report import LatencyResult
+from prefect_executorch.validate.validator import check_gates
 
 
 def test_gates_fail_on_unknown_or_low_figures() -> None:

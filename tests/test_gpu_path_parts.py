@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 
-from prefect_executorch.apisource import DirectoryRoot, Sources, installed_root
-from prefect_executorch.calls import Call, LiveSources, check_calls
 from prefect_executorch.errors import ChildProcessFailed, ExportFailed
-from prefect_executorch.exporter import ExportedProgramDir, ExportRequest, export_program
+from prefect_executorch.export.exporter import ExportedProgramDir, ExportRequest, export_program
 from prefect_executorch.isolation import MemoryLimit, run_isolated
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.machine.apisource import DirectoryRoot, Sources, installed_root
+from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.targets import get_target
+from prefect_executorch.targets.calls import Call, LiveSources, check_calls
 from prefect_executorch.targets.tensorrt import build_backend_config, build_steps
-from prefect_executorch.validator import synchronized
+from prefect_executorch.validate.validator import synchronized
 
 from helpers import spec_data
 
@@ -119,10 +119,10 @@ def test_synchronized_leaves_cpu_calls_alone() -> None:
 @pytest.mark.parametrize(("target", "factory", "fraction"), [("xnnpack", "convnet", 1.0), ("portable", "convnet", 0.0)])
 def test_delegation_read_from_the_pte_agrees_with_the_edge_count(target: str, factory: str, fraction: float,
                                                                  tmp_path: Path) -> None:
-    from prefect_executorch.delegation import facts_from_program
-    from prefect_executorch.inputs import dynamic_shapes, example_inputs
-    from prefect_executorch.modelref import load_model
     from prefect_executorch.program import read_program
+    from prefect_executorch.spec.inputs import dynamic_shapes, example_inputs
+    from prefect_executorch.spec.modelref import load_model
+    from prefect_executorch.targets.delegation import facts_from_program
 
     spec = BuildSpec.model_validate(spec_data(factory, target=target))
     chosen = get_target(target)

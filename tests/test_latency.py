@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from prefect_executorch.latency import AGREEING_WINDOWS, agree, measure_together, percentile
+from prefect_executorch.validate.latency import AGREEING_WINDOWS, agree, measure_together, percentile
 
 
 def busy(seconds: float) -> None:

@@ -14,9 +14,9 @@ from prefect_executorch.artifacts.registry import list_bundles, read_manifest
 from prefect_executorch.artifacts.reports import artifact_key
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import SpecError
+from prefect_executorch.export.lineage import collect_lineage
 from prefect_executorch.hashing import sha256_file
-from prefect_executorch.lineage import collect_lineage
-from prefect_executorch.spec import parse_spec
+from prefect_executorch.spec.buildspec import parse_spec
 
 import models
 from helpers import MODELS, spec_data

@@ -23,7 +23,7 @@ def test_manifest_urls_split_into_store_and_key() -> None:
 
 
 def test_a_name_that_is_neither_version_nor_alias_is_not_found(tmp_path: Path) -> None:
-    from prefect_executorch.toolchain import probe
+    from prefect_executorch.machine.toolchain import probe
 
     with pytest.raises(BundleNotFound, match="no model m in .*; models there: none"):
         resolve_published(LocalStore(tmp_path), "m", "prod", "xnnpack", probe())

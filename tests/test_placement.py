@@ -13,10 +13,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from prefect_executorch.fleet import plan_pools, pool_template
-from prefect_executorch.placement import MatrixCell, Placement, install_command, route
-from prefect_executorch.toolchain import GpuInfo, Toolchain, probe
-from prefect_executorch.worker import TOOLCHAIN_ENV, advertised, default_worker_name, worker_toolchain
+from prefect_executorch.fleet.deploy import plan_pools, pool_template
+from prefect_executorch.fleet.placement import MatrixCell, Placement, install_command, route
+from prefect_executorch.fleet.worker import TOOLCHAIN_ENV, advertised, default_worker_name, worker_toolchain
+from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, probe
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -98,7 +98,7 @@ def test_the_workers_probe_leaves_no_forkserver_behind() -> None:
     """A worker lives for days: one probe must not leave a forkserver holding torch's imports beside it."""
     code = """
 import os
-from prefect_executorch.worker import worker_toolchain
+from prefect_executorch.fleet.worker import worker_toolchain
 worker_toolchain()
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from prefect_executorch import probecache
 from prefect_executorch.errors import SpecError
-from prefect_executorch.probecache import cached_toolchain, probe_cached, probe_key
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.machine import probecache
+from prefect_executorch.machine.probecache import cached_toolchain, probe_cached, probe_key
+from prefect_executorch.machine.toolchain import Toolchain
 
 from helpers import spec_data
 

@@ -16,12 +16,12 @@ from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, rea
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
 from prefect_executorch.artifacts.store import LocalStore
-from prefect_executorch.cli import app
+from prefect_executorch.cli.main import app
 from prefect_executorch.errors import PromotionRefused
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import ValidationSpec, parse_spec
+from prefect_executorch.spec.buildspec import ValidationSpec, parse_spec
+from prefect_executorch.validate.report import ValidationReport
 
 from helpers import spec_data
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PROBE = "from prefect_executorch.toolchain import probe_isolated\n"
+PROBE = "from prefect_executorch.machine.toolchain import probe_isolated\n"
 
 
 def _script(path: Path, body: str) -> subprocess.CompletedProcess[str]:
@@ -33,7 +33,7 @@ def test_a_guarded_script_runs_children(tmp_path: Path) -> None:
 BUILD_TWICE = '''
 import sys
 from prefect_executorch.flows.build import build_bundle
-from prefect_executorch.spec import parse_spec
+from prefect_executorch.spec.buildspec import parse_spec
 
 if __name__ == "__main__":
     spec = parse_spec({"name": "mlp", "version": "1", "model": sys.argv[1], "target": "portable",

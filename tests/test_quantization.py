@@ -17,17 +17,17 @@ import torch
 from prefect_executorch.artifacts.manifest import Manifest
 from prefect_executorch.artifacts.registry import verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
-from prefect_executorch.compare import compare_outputs, limits_for
-from prefect_executorch.compat import cpu_compat, fit, parse_compat
 from prefect_executorch.errors import SpecError, ValidationFailed
-from prefect_executorch.exporter import export_program
-from prefect_executorch.fingerprint import build_fingerprint
-from prefect_executorch.quantization import SCHEMES
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import BuildSpec, ValidationSpec, parse_spec
+from prefect_executorch.export.exporter import export_program
+from prefect_executorch.export.fingerprint import build_fingerprint
+from prefect_executorch.machine.compat import cpu_compat, fit, parse_compat
+from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.spec.buildspec import BuildSpec, ValidationSpec, parse_spec
+from prefect_executorch.spec.schemes import SCHEMES
 from prefect_executorch.targets import get_target
-from prefect_executorch.toolchain import Toolchain
-from prefect_executorch.validator import require_passed, validate_program
+from prefect_executorch.validate.compare import compare_outputs, limits_for
+from prefect_executorch.validate.report import ValidationReport
+from prefect_executorch.validate.validator import require_passed, validate_program
 
 from helpers import TESTS
 
@@ -196,7 +196,7 @@ def test_int8da4w_validates_against_float_eager_with_the_two_errors_apart(da4w: 
 
 def test_a_quantized_bundle_carries_its_cases_and_verifies_them_by_its_own_gates(
         da4w: tuple[BuildSpec, Path, Manifest], tmp_path: Path) -> None:
-    from prefect_executorch.bundled import BUNDLED_FILE, run_bundled_cases, verify_bundled
+    from prefect_executorch.validate.bundled import BUNDLED_FILE, run_bundled_cases, verify_bundled
 
     _, bundle, manifest = da4w
     facts = manifest.bundled

@@ -37,8 +37,9 @@ from prefect_executorch.artifacts.registry import (
     verify_bundle_dir,
 )
 from prefect_executorch.artifacts.s3 import S3Settings, S3Store
-from prefect_executorch.artifacts.store import ObjectStore, open_store
-from prefect_executorch.cli import app
+from prefect_executorch.artifacts.store import ObjectStore
+from prefect_executorch.artifacts.urls import open_store
+from prefect_executorch.cli.main import app
 from prefect_executorch.errors import (
     BundleConflict,
     IntegrityError,
@@ -51,9 +52,9 @@ from prefect_executorch.errors import (
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
 from prefect_executorch.hashing import sha256_bytes, sha256_file
-from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, probe
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.testing.seaweedfs import SeaweedS3, free_port
-from prefect_executorch.toolchain import GpuInfo, Toolchain, probe
 
 from helpers import fresh_store, set_aws_env, spec_data
 

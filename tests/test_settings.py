@@ -13,9 +13,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from prefect_executorch.bundled import skip_reason
-from prefect_executorch.cli import DEBUG_ENV, STORE_ENV
+from prefect_executorch.cli.main import DEBUG_ENV, STORE_ENV
 from prefect_executorch.errors import InvalidSetting, SpecError
+from prefect_executorch.fleet.gpus import GPU_ENV, gpu_index_from_env
+from prefect_executorch.fleet.worker import TOOLCHAIN_ENV, WORKER_GPU_ENV
 from prefect_executorch.isolation import START_METHOD_ENV
 from prefect_executorch.settings import (
     BundledSettings,
@@ -27,9 +28,8 @@ from prefect_executorch.settings import (
     env_name,
     get_settings,
 )
-from prefect_executorch.spec import parse_spec
-from prefect_executorch.tasks.gpu import GPU_ENV, gpu_index_from_env
-from prefect_executorch.worker import TOOLCHAIN_ENV, WORKER_GPU_ENV
+from prefect_executorch.spec.buildspec import parse_spec
+from prefect_executorch.validate.bundled import skip_reason
 
 from helpers import spec_data
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.inputs import dynamic_shapes, shape_points
-from prefect_executorch.modelref import ModelRef
-from prefect_executorch.spec import load_spec, parse_spec
+from prefect_executorch.spec.buildspec import load_spec, parse_spec
+from prefect_executorch.spec.inputs import dynamic_shapes, shape_points
+from prefect_executorch.spec.modelref import ModelRef
 
 from helpers import spec_data
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.exporter import export_program
-from prefect_executorch.spec import BuildSpec, check_input_budget, load_spec, parse_spec
-from prefect_executorch.validator import validate_program
+from prefect_executorch.export.exporter import export_program
+from prefect_executorch.spec.buildspec import BuildSpec, check_input_budget, load_spec, parse_spec
+from prefect_executorch.validate.validator import validate_program
 
 from helpers import spec_data
 

@@ -7,11 +7,10 @@ import typing
 import pytest
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.placement import needs_cuda
-from prefect_executorch.spec import BuildSpec, parse_spec
-from prefect_executorch.targets import TARGETS, get_target
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
+from prefect_executorch.spec.options import PortableOptions
+from prefect_executorch.targets import TARGETS, get_target, needs_cuda
 from prefect_executorch.targets.cpu import PortableTarget
-from prefect_executorch.targets.options import PortableOptions
 
 SPEC = {"name": "m", "version": "1", "model": "x.py:f", "methods": {"forward": {"inputs": [{"name": "x", "shape": [1]}]}}}
 

@@ -16,17 +16,17 @@ import pytest
 from packaging.requirements import Requirement
 from torch.utils._pytree import tree_leaves
 
-from prefect_executorch.apisource import DirectoryRoot, Sources, WheelRoot, installed_root
 from prefect_executorch.artifacts.manifest import BundleKey
-from prefect_executorch.calls import Call, Ref, Slot, Step, check_calls, materialize, walk
 from prefect_executorch.errors import SpecError, ToolchainMismatch
-from prefect_executorch.hostprobe import tensorrt_capabilities
-from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.machine.apisource import DirectoryRoot, Sources, WheelRoot, installed_root
+from prefect_executorch.machine.hostprobe import tensorrt_capabilities
+from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, read_torch_tensorrt_api
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
+from prefect_executorch.spec.options import TENSORRT_OWNED_COMPILE_KEYWORDS
 from prefect_executorch.targets import get_target
+from prefect_executorch.targets.calls import Call, Ref, Slot, Step, check_calls, materialize, walk
 from prefect_executorch.targets.gpu import RUNTIME_MODULE
-from prefect_executorch.targets.options import TENSORRT_OWNED_COMPILE_KEYWORDS
 from prefect_executorch.targets.tensorrt import build_backend_config, build_steps
-from prefect_executorch.toolchain import GpuInfo, Toolchain, read_torch_tensorrt_api
 
 from helpers import MODELS
 from wheels import DELEGATE_RUNTIME, TORCH_TENSORRT, download_wheel
@@ -598,8 +598,8 @@ finally:
 
 
 @pytest.mark.parametrize("module, absent", [
-    ("prefect_executorch.hostprobe", (*_ABSENT, "pydantic")),  # torch alone
-    ("prefect_executorch.toolchain", _ABSENT),  # torch and pydantic
+    ("prefect_executorch.machine.hostprobe", (*_ABSENT, "pydantic")),  # torch alone
+    ("prefect_executorch.machine.toolchain", _ABSENT),  # torch and pydantic
 ])
 def test_probe_runs_on_a_bare_host_and_reads_an_installed_wheel(
     module: str, absent: tuple[str, ...], trt_wheel: WheelRoot, tmp_path: Path
@@ -627,8 +627,8 @@ def test_probe_runs_on_a_bare_host_and_reads_an_installed_wheel(
 def test_fp16_engine_outputs_are_held_to_fp16_tolerances() -> None:
     import torch
 
-    from prefect_executorch.compare import compare_outputs
-    from prefect_executorch.spec import ValidationSpec
+    from prefect_executorch.spec.buildspec import ValidationSpec
+    from prefect_executorch.validate.compare import compare_outputs
 
     eager = torch.linspace(-2, 2, 1000)
     engine = eager.half()  # what an autocast engine hands back for FP32 inputs

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from prefect_executorch.errors import ToolchainMismatch
-from prefect_executorch.exporter import export_program
-from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.export.exporter import export_program
+from prefect_executorch.machine.toolchain import Toolchain, probe
+from prefect_executorch.machine.versions import older_than
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.tensorrt import DEVICE_OUTPUTS_EXECUTORCH
-from prefect_executorch.toolchain import Toolchain, probe
-from prefect_executorch.validator import require_passed, validate_program
-from prefect_executorch.versions import older_than
+from prefect_executorch.validate.validator import require_passed, validate_program
 
 from helpers import MODELS
 

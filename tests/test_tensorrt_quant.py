@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 from test_tensorrt_api import ready, refusal, sources, trt_wheel  # noqa: F401 - fixtures shared with the float checks
 
-from prefect_executorch.apisource import Sources, WheelRoot
 from prefect_executorch.artifacts.manifest import BundleKey
-from prefect_executorch.calls import Call, check_calls
-from prefect_executorch.compare import limits_for
-from prefect_executorch.compat import fit, parse_compat
 from prefect_executorch.errors import SpecError
-from prefect_executorch.fingerprint import build_fingerprint
-from prefect_executorch.quantization import CPU_SCHEMES, DEFAULT_GATES, TENSORRT_SCHEMES
-from prefect_executorch.spec import BuildSpec, ValidationSpec, parse_spec
+from prefect_executorch.export.fingerprint import build_fingerprint
+from prefect_executorch.machine.apisource import Sources, WheelRoot
+from prefect_executorch.machine.compat import fit, parse_compat
+from prefect_executorch.machine.toolchain import GpuInfo, Toolchain
+from prefect_executorch.spec.buildspec import BuildSpec, ValidationSpec, parse_spec
+from prefect_executorch.spec.schemes import CPU_SCHEMES, DEFAULT_GATES, TENSORRT_SCHEMES
 from prefect_executorch.targets import get_target
+from prefect_executorch.targets.calls import Call, check_calls
 from prefect_executorch.targets.tensorrt import build_steps
 from prefect_executorch.targets.tensorrt_quant import (
     EXPORT_MODE,
@@ -30,7 +30,7 @@ from prefect_executorch.targets.tensorrt_quant import (
     QUANTIZE_OP,
     quantize_steps,
 )
-from prefect_executorch.toolchain import GpuInfo, Toolchain
+from prefect_executorch.validate.compare import limits_for
 
 from helpers import MODELS
 from wheels import MODELOPT, download_wheel
@@ -174,10 +174,10 @@ def test_the_cache_key_takes_the_modelopt_version_not_torchao(with_modelopt: Too
 #: Run in a child: importing ModelOpt takes ~30 s and registers torch ops and patches for the whole process.
 CALIBRATE = """
 import json, sys, torch
-from prefect_executorch.apisource import Sources
-from prefect_executorch.calls import LiveSources, check_calls
-from prefect_executorch.modelref import load_model
-from prefect_executorch.spec import parse_spec
+from prefect_executorch.machine.apisource import Sources
+from prefect_executorch.targets.calls import LiveSources, check_calls
+from prefect_executorch.spec.modelref import load_model
+from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.targets.tensorrt_quant import EXPORT_MODE, quantize_steps, quantize_with_modelopt
 results = {}
 for scheme, spec in json.loads(sys.argv[1]).items():

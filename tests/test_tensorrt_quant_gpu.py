@@ -16,10 +16,10 @@ import pytest
 from test_tensorrt_gpu import TARGET, TRT, build_and_validate, one_input, toolchain  # noqa: F401 - shared fixture
 
 from prefect_executorch.errors import ToolchainMismatch
-from prefect_executorch.quantization import DEFAULT_GATES
-from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
+from prefect_executorch.spec.schemes import DEFAULT_GATES
 from prefect_executorch.targets.tensorrt_quant import FP8_MIN_SM, MODELOPT_INSTALL
-from prefect_executorch.toolchain import Toolchain
 
 from helpers import MODELS
 

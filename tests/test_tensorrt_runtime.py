@@ -18,9 +18,9 @@ import torch
 
 from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.program import read_program
-from prefect_executorch.runtime import LoadedProgram, describe_runtime_error
-from prefect_executorch.spec import parse_spec
-from prefect_executorch.validator import validate_program
+from prefect_executorch.spec.buildspec import parse_spec
+from prefect_executorch.validate.runtime import LoadedProgram, describe_runtime_error
+from prefect_executorch.validate.validator import validate_program
 
 from helpers import MODELS
 from wheels import DELEGATE_RUNTIME, download_wheel

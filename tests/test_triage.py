@@ -19,12 +19,12 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from prefect_executorch.artifacts.reports import artifact_key
 from prefect_executorch.errors import ValidationFailed
-from prefect_executorch.exporter import ExportedProgramDir, export_program
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import BuildSpec, parse_spec
+from prefect_executorch.export.exporter import ExportedProgramDir, export_program
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.tasks.validate import validate_export
-from prefect_executorch.triage import TriageReport, run_with_etdump, triage_failure
-from prefect_executorch.validator import require_passed, validate_program
+from prefect_executorch.validate.report import ValidationReport
+from prefect_executorch.validate.triage import TriageReport, run_with_etdump, triage_failure
+from prefect_executorch.validate.validator import require_passed, validate_program
 
 import models
 from helpers import spec_data

@@ -21,13 +21,13 @@ from prefect_executorch.artifacts.aliases import promote
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.registry import verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
-from prefect_executorch.cli import app
+from prefect_executorch.cli.main import app
 from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.revalidate import revalidate
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.spec import BuildSpec, load_spec, parse_spec
-from prefect_executorch.validator import require_passed, validate_program
+from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
+from prefect_executorch.validate.report import ValidationReport
+from prefect_executorch.validate.validator import require_passed, validate_program
 
 import models
 from helpers import MODELS, spec_data

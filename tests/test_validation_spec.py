@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.spec import parse_spec
+from prefect_executorch.spec.buildspec import parse_spec
 
 from helpers import spec_data
 

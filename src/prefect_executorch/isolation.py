@@ -35,12 +35,12 @@ from prefect_executorch import errors
 
 #: Commands a child can run: name -> "module:function" taking the request JSON, returning a model.
 COMMANDS: dict[str, str] = {
-    "export": "prefect_executorch.exporter:export_in_child",
-    "validate": "prefect_executorch.validator:validate_in_child",
-    "probe": "prefect_executorch.toolchain:probe_in_child",
-    "verify-bundled": "prefect_executorch.bundled:verify_bundled_in_child",
-    "side_by_side": "prefect_executorch.sidebyside:side_by_side_in_child",
-    "triage": "prefect_executorch.triage:triage_in_child",
+    "export": "prefect_executorch.export.exporter:export_in_child",
+    "validate": "prefect_executorch.validate.validator:validate_in_child",
+    "probe": "prefect_executorch.machine.toolchain:probe_in_child",
+    "verify-bundled": "prefect_executorch.validate.bundled:verify_bundled_in_child",
+    "side_by_side": "prefect_executorch.validate.sidebyside:side_by_side_in_child",
+    "triage": "prefect_executorch.validate.triage:triage_in_child",
 }
 #: What the forkserver imports once, so that children do not (missing ones are skipped). Never the
 #: ExecuTorch runtime: the TensorRT delegate package must swap in its own before the stock one loads.
@@ -50,8 +50,8 @@ PRELOAD = [
     "executorch.backends.xnnpack.partition.xnnpack_partitioner",
     # Delegation facts, bundled programs and triage (~0.8 s each child otherwise); loads no runtime.
     "executorch.devtools",
-    "prefect_executorch.exporter",
-    "prefect_executorch.validator",
+    "prefect_executorch.export.exporter",
+    "prefect_executorch.validate.validator",
 ]
 #: The forkserver's environment beside the caller's. Its preload imports torchao (through executorch.exir),
 #: which calls ``torch.cuda.is_available()`` at import; that CUDA-runtime check marks the process so that

@@ -19,10 +19,10 @@ from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.registry import prepare_bundle, pull, verify_bundle_dir
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import PrefectExecutorchError
-from prefect_executorch.exporter import export_program
-from prefect_executorch.spec import parse_spec
-from prefect_executorch.toolchain import probe
-from prefect_executorch.validator import validate_program
+from prefect_executorch.export.exporter import export_program
+from prefect_executorch.machine.toolchain import probe
+from prefect_executorch.spec.buildspec import parse_spec
+from prefect_executorch.validate.validator import validate_program
 
 import ledger
 from helpers import spec_data

@@ -10,7 +10,7 @@ from pathlib import Path
 from prefect_executorch.artifacts.manifest import Manifest
 from prefect_executorch.artifacts.registry import file_entries
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec.buildspec import BuildSpec
 
 #: Input shape of each model factory of tests/models.py that the reliability tests build.
 SHAPES = {"convnet": [2, 3, 8, 8], "mlp": [2, 32], "two_outputs": [5, 16], "wide_24mb": [2, 1774],

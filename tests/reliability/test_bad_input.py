@@ -15,9 +15,9 @@ from prefect_executorch.artifacts.aliases import read_alias
 from prefect_executorch.artifacts.s3 import S3Store
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import ExportFailed, SpecError
-from prefect_executorch.exporter import export_program
-from prefect_executorch.modelref import load_model
-from prefect_executorch.spec import load_spec, parse_spec
+from prefect_executorch.export.exporter import export_program
+from prefect_executorch.spec.buildspec import load_spec, parse_spec
+from prefect_executorch.spec.modelref import load_model
 
 from helpers import MODELS, spec_data
 from models import NeedsPickle

@@ -22,9 +22,9 @@ from prefect_executorch.artifacts.registry import (
 )
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import BundleConflict
-from prefect_executorch.exporter import ExportedProgramDir
+from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.hashing import sha256_bytes
-from prefect_executorch.spec import parse_spec
+from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.tasks.export import export_model
 from prefect_executorch.tasks.probe import probe_toolchain
 from prefect_executorch.tasks.publish import publish_bundle

@@ -31,12 +31,13 @@ from prefect_executorch.artifacts.manifest import BundleKey, FileEntry, Manifest
 from prefect_executorch.artifacts.registry import manifest_bytes, parse_manifest
 from prefect_executorch.artifacts.s3 import S3Store
 from prefect_executorch.artifacts.signing import seal
-from prefect_executorch.artifacts.store import LocalStore, open_store
-from prefect_executorch.cli import app
-from prefect_executorch.compat import parse_compat
+from prefect_executorch.artifacts.store import LocalStore
+from prefect_executorch.artifacts.urls import open_store
+from prefect_executorch.cli.main import app
 from prefect_executorch.errors import IntegrityError, PrefectExecutorchError, SpecError
-from prefect_executorch.report import ValidationSummary
-from prefect_executorch.spec import BuildSpec, InputSpec, load_spec, parse_spec
+from prefect_executorch.machine.compat import parse_compat
+from prefect_executorch.spec.buildspec import BuildSpec, InputSpec, load_spec, parse_spec
+from prefect_executorch.validate.report import ValidationSummary
 
 Record = Callable[[str, int, int, int], None]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from prefect_executorch.errors import ExportFailed, SpecError
-from prefect_executorch.exporter import export_program
-from prefect_executorch.validator import validate_program
+from prefect_executorch.export.exporter import export_program
+from prefect_executorch.validate.validator import validate_program
 
 
 def _nothing_left(out: Path) -> bool:

@@ -18,11 +18,11 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from prefect.client.orchestration import get_client
 from prefect.settings import get_current_settings
 
-from prefect_executorch.artifacts.store import open_store
+from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.errors import PrefectExecutorchError
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote
-from prefect_executorch.spec import parse_spec
+from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.testing.seaweedfs import SeaweedS3
 
 from helpers import spec_data

@@ -14,18 +14,6 @@ from pathlib import Path
 from typing import Any
 
 
-def quiet_ephemeral_server() -> None:
-    """Default Prefect's server telemetry off (``PREFECT_SERVER_ANALYTICS_ENABLED=false``) unless the user set it.
-
-    The ephemeral API Prefect starts for a flow (a subprocess with this process's environment) runs a
-    telemetry heartbeat at start: a read-then-write transaction on its SQLite database that races the
-    first flow run's writes and, losing, prints a ``database is locked`` traceback (Prefect 3.9,
-    ``prefect/server/services/telemetry.py``); it also posts to prefect.io, which an offline build
-    should not. Set before any flow runs, so the CLI, the Python API and a worker all get it.
-    """
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-
-
 class EphemeralApi:
     """Prefect's ephemeral API for one CLI build: the subprocess ``SubprocessASGIServer`` runs, started alike.
 

@@ -23,7 +23,7 @@ from rich.table import Table
 from prefect_executorch.errors import Interrupted, PrefectExecutorchError
 
 if TYPE_CHECKING:
-    from prefect_executorch.embedded import EphemeralApi
+    from prefect_executorch.cli.embedded import EphemeralApi
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False,
                   # Plain help, wrapped at the terminal, never cut; wide when piped (to a pager, grep or a file).
@@ -158,10 +158,10 @@ def build(
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
     from prefect_executorch.artifacts.registry import list_bundles
-    from prefect_executorch.artifacts.store import open_store
-    from prefect_executorch.probecache import cached_toolchain, probe_cached
+    from prefect_executorch.artifacts.urls import open_store
+    from prefect_executorch.machine.probecache import cached_toolchain, probe_cached
     from prefect_executorch.progress import listening, stage
-    from prefect_executorch.spec import load_spec
+    from prefect_executorch.spec.buildspec import load_spec
 
     store = _store(store)
     if endpoint_url:
@@ -190,7 +190,7 @@ def build(
                 toolchain = probe_cached()
         ref = _published_build(spec, opened, toolchain)
         if ref is None:
-            from prefect_executorch.embedded import embedded_settings
+            from prefect_executorch.cli.embedded import embedded_settings
             from prefect_executorch.flows.build import build_bundle
 
             if prefect_start is None:
@@ -219,7 +219,7 @@ def _start_prefect() -> Future[EphemeralApi | None]:
     # children's server is already importing torch, which every later step waits for, so this costs nothing.
     import prefect.settings  # noqa: F401
 
-    from prefect_executorch.embedded import EphemeralApi
+    from prefect_executorch.cli.embedded import EphemeralApi
 
     def start() -> EphemeralApi | None:
         try:
@@ -285,7 +285,7 @@ def count_names(names: list[str]) -> str:
 def _worst_per_method(store: Any, key: Any) -> dict[str, float]:
     """Largest absolute error of each method over its cases, from the bundle's validation.json."""
     from prefect_executorch.artifacts.manifest import VALIDATION_FILE
-    from prefect_executorch.report import ValidationReport
+    from prefect_executorch.validate.report import ValidationReport
 
     data, _ = store.get_bytes(key.key(VALIDATION_FILE))
     worst: dict[str, float] = {}
@@ -298,7 +298,7 @@ def _worst_per_method(store: Any, key: Any) -> dict[str, float]:
 def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     """Where the bundle is, what it runs on and how it validated; fresh build or cache hit; each stage's time."""
     from prefect_executorch.artifacts.registry import read_manifest
-    from prefect_executorch.artifacts.store import open_store
+    from prefect_executorch.artifacts.urls import open_store
 
     store = open_store(ref.store)
     manifest, _ = read_manifest(store, ref.key)
@@ -402,9 +402,9 @@ def validate(
     import tempfile
 
     from prefect_executorch.errors import SpecError
-    from prefect_executorch.spec import load_spec
-    from prefect_executorch.triage import triage_failure
-    from prefect_executorch.validator import require_passed, validate_program
+    from prefect_executorch.spec.buildspec import load_spec
+    from prefect_executorch.validate.triage import triage_failure
+    from prefect_executorch.validate.validator import require_passed, validate_program
 
     if (bundle_dir is None) == (bundle is None):
         raise SpecError("validate: give either BUNDLE_DIR or --bundle <.../manifest.json>, not both or neither")
@@ -415,7 +415,7 @@ def validate(
     try:
         if bundle is not None:
             from prefect_executorch.artifacts.locate import parse_manifest_url, pull_fresh
-            from prefect_executorch.artifacts.store import open_store
+            from prefect_executorch.artifacts.urls import open_store
 
             store, key = parse_manifest_url(bundle)
             _same_model(spec, key.name, key.version, bundle)
@@ -478,7 +478,7 @@ def inspect(
 def verify(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with manifest.json and model.bpte).")) -> None:
     """Check every file against the manifest, then run the bundle's own test cases on this machine."""
     from prefect_executorch.artifacts.registry import verify_bundle_dir
-    from prefect_executorch.bundled import run_bundled_cases
+    from prefect_executorch.validate.bundled import run_bundled_cases
 
     manifest = verify_bundle_dir(bundle_dir)
     check = run_bundled_cases(bundle_dir, manifest.target, manifest.data_files, manifest.bundled)
@@ -490,7 +490,7 @@ def verify(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with
 @handle_errors
 def probe(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show what this machine can build: versions, CUDA channel, GPUs, OS and arch."""
-    from prefect_executorch.toolchain import probe_isolated
+    from prefect_executorch.machine.toolchain import probe_isolated
 
     _start_children(ctx)
     toolchain = probe_isolated()  # in a child: torch's import-time notes stay in its log
@@ -508,7 +508,7 @@ def probe(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
 
 
 def _open(store: str | None, endpoint_url: str | None) -> Any:
-    from prefect_executorch.artifacts.store import open_store
+    from prefect_executorch.artifacts.urls import open_store
 
     return open_store(_store(store), endpoint_url=endpoint_url)
 
@@ -529,7 +529,7 @@ def pull(
     """Download a bundle, verify every sha256 and the .pte/.ptd pairing, then move it into place."""
     from prefect_executorch.artifacts import registry
     from prefect_executorch.artifacts.catalog import resolve
-    from prefect_executorch.bundled import run_bundled_cases
+    from prefect_executorch.validate.bundled import run_bundled_cases
 
     opened = _open(store, endpoint_url)
     resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
@@ -567,7 +567,7 @@ def promote(
 ) -> None:
     """Point an alias at a validated bundle that agrees with and is no slower than the alias's (compare-and-swap)."""
     from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
-    from prefect_executorch.spec import ValidationSpec, load_spec
+    from prefect_executorch.spec.buildspec import ValidationSpec, load_spec
 
     request = PromotionRequest(
         name=name, version=version, alias=alias, target=target, compat=compat, force=force,
@@ -678,7 +678,7 @@ def deploy(
 ) -> None:
     """Create the work pools and queues the deployments need, `prefect deploy` them, then apply the automations."""
     from prefect_executorch.errors import SpecError
-    from prefect_executorch.fleet import plan_pools, prepare_pools, run_prefect_deploy
+    from prefect_executorch.fleet.deploy import plan_pools, prepare_pools, run_prefect_deploy
     from prefect_executorch.settings import get_settings
 
     store = store or get_settings().store
@@ -691,7 +691,7 @@ def deploy(
         console.print(f"created {line}")
     run_prefect_deploy(prefect_file, project_dir, name)
     if automations is not None and automations.exists():
-        from prefect_executorch.automations import apply_automations_file
+        from prefect_executorch.fleet.automations import apply_automations_file
 
         for line in apply_automations_file(automations):
             console.print(line)
@@ -714,10 +714,10 @@ def worker(
 ) -> None:
     """Probe this machine and start an `executorch` worker that refuses runs for another channel or GPU arch."""
     from prefect_executorch.errors import ToolchainMismatch
-    from prefect_executorch.fleet import plan_pool, prepare_pools
-    from prefect_executorch.placement import channel_of_pool, describe_worker
-    from prefect_executorch.toolchain import probe as run_probe
-    from prefect_executorch.worker import TOOLCHAIN_ENV, WORKER_GPU_ENV, WORKER_TYPE, default_worker_name
+    from prefect_executorch.fleet.deploy import plan_pool, prepare_pools
+    from prefect_executorch.fleet.placement import channel_of_pool, describe_worker
+    from prefect_executorch.fleet.worker import TOOLCHAIN_ENV, WORKER_GPU_ENV, WORKER_TYPE, default_worker_name
+    from prefect_executorch.machine.toolchain import probe as run_probe
 
     toolchain = run_probe()
     if gpu is not None and gpu not in [g.index for g in toolchain.gpus]:
@@ -759,8 +759,8 @@ def retrain(
     from prefect.settings import PREFECT_API_URL
 
     from prefect_executorch.errors import SpecError
+    from prefect_executorch.fleet.retrain import EVENT, emit_retrain, parse_request
     from prefect_executorch.hashing import sha256_file
-    from prefect_executorch.retrain import EVENT, emit_retrain, parse_request
 
     if not PREFECT_API_URL.value():
         raise SpecError("PREFECT_API_URL: not set; point it at the server that runs the retrain deployment")
@@ -780,7 +780,3 @@ def run() -> None:
     if "--debug" in args[:end]:
         args = ["--debug", *(a for i, a in enumerate(args) if a != "--debug" or i >= end)]
     app(args)
-
-
-if __name__ == "__main__":
-    run()

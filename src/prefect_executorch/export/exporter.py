@@ -10,9 +10,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import ChildProcessFailed, ExportFailed
-from prefect_executorch.exportstages import (
+from prefect_executorch.export.quantize import QuantizationFacts
+from prefect_executorch.export.stages import (
     check_kernels,
     check_planned_bounds,
     run_eager,
@@ -22,9 +22,9 @@ from prefect_executorch.exportstages import (
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.program import MethodFacts, read_program
-from prefect_executorch.quantization import QuantizationFacts
-from prefect_executorch.spec import BuildSpec, check_input_budget
+from prefect_executorch.spec.buildspec import BuildSpec, check_input_budget
 from prefect_executorch.targets import PROGRAM_FILE, get_target
+from prefect_executorch.targets.delegation import DelegationFacts
 
 
 class ExportRequest(BaseModel):
@@ -63,9 +63,9 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
     """Child side: load the model, export every method, lower for the target, read the result."""
     import torch
 
-    from prefect_executorch.inputs import dynamic_shapes, example_inputs
-    from prefect_executorch.modelref import load_model
-    from prefect_executorch.quantization import quantized_methods
+    from prefect_executorch.export.quantize import quantized_methods
+    from prefect_executorch.spec.inputs import dynamic_shapes, example_inputs
+    from prefect_executorch.spec.modelref import load_model
 
     started = time.monotonic()
     req = ExportRequest.model_validate(request)

@@ -14,11 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from prefect_executorch.export.quantize import quantizer_versions
 from prefect_executorch.hashing import sha256_file
-from prefect_executorch.modelref import ModelRef, source_file
-from prefect_executorch.quantization import quantizer_versions
-from prefect_executorch.spec import BuildSpec
-from prefect_executorch.toolchain import Toolchain
+from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.modelref import ModelRef, source_file
 
 
 class BuildFingerprint(BaseModel):

@@ -13,8 +13,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from prefect_executorch.hashing import sha256_file
-from prefect_executorch.modelref import ModelRef, source_file
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.modelref import ModelRef, source_file
 
 GIT_TIMEOUT_S = 10
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect_executorch.errors import ExportFailed
-from prefect_executorch.spec import FLOAT_DTYPES, BuildSpec, MethodSpec
+from prefect_executorch.spec.buildspec import FLOAT_DTYPES, BuildSpec, MethodSpec
 
 if TYPE_CHECKING:
     from prefect_executorch.program import MethodFacts

@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel
 
 from prefect_executorch.errors import DeployFailed, SpecError
-from prefect_executorch.placement import DEFAULT_QUEUE, GPU_ARCHS, channel_of_pool, install_command
+from prefect_executorch.fleet.placement import DEFAULT_QUEUE, GPU_ARCHS, channel_of_pool, install_command
 
 
 class PoolPlan(BaseModel):
@@ -24,7 +24,7 @@ class PoolPlan(BaseModel):
 
 def pool_template(pool: str) -> dict[str, Any]:
     """The ``executorch`` worker's default base job template, with the channel and its install line as defaults."""
-    from prefect_executorch.worker import ExecutorchWorker
+    from prefect_executorch.fleet.worker import ExecutorchWorker
 
     template = copy.deepcopy(ExecutorchWorker.get_default_base_job_template())
     channel = channel_of_pool(pool)
@@ -63,7 +63,7 @@ async def ensure_pools(plans: list[PoolPlan]) -> list[str]:
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
-    from prefect_executorch.worker import WORKER_TYPE
+    from prefect_executorch.fleet.worker import WORKER_TYPE
 
     created: list[str] = []
     async with get_client() as client:

@@ -14,11 +14,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from prefect_executorch.compat import parse_sm, sm_number
-from prefect_executorch.spec import BuildSpec, StrictModel, TargetSpec
-from prefect_executorch.targets import TARGETS
+from prefect_executorch.machine.compat import parse_sm, sm_number
+from prefect_executorch.machine.toolchain import GpuInfo, Toolchain
+from prefect_executorch.spec.buildspec import BuildSpec, StrictModel, TargetSpec
+from prefect_executorch.targets import needs_cuda
 from prefect_executorch.targets.tensorrt import install_command as tensorrt_install
-from prefect_executorch.toolchain import GpuInfo, Toolchain
 
 CPU_POOL = "cpu"
 DEFAULT_QUEUE = "default"
@@ -30,12 +30,6 @@ _GPU_POOL_RE = re.compile(r"^gpu-(cu\d{3})$")
 def install_command(channel: str) -> str:
     """What a GPU pool of ``channel`` installs: the backend page's nightly line for that channel."""
     return tensorrt_install(channel, "nightly")
-
-
-def needs_cuda(target_kind: str) -> bool:
-    """Whether a registered target builds only on a CUDA GPU (unknown kinds are the spec's error)."""
-    target = TARGETS.get(target_kind)
-    return target is not None and target.device == "cuda"
 
 
 def pool_for(channel: str) -> str:

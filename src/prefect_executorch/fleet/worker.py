@@ -20,10 +20,10 @@ from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, ProcessWorker, ProcessWorkerResult
 from pydantic import Field
 
-from prefect_executorch.placement import Decision, route
+from prefect_executorch.fleet.gpus import GPU_ENV, ensure_gpu_limits
+from prefect_executorch.fleet.placement import Decision, route
+from prefect_executorch.machine.toolchain import Toolchain, probe_isolated
 from prefect_executorch.settings import WorkerSettings, read_settings
-from prefect_executorch.tasks.gpu import GPU_ENV, ensure_gpu_limits
-from prefect_executorch.toolchain import Toolchain, probe_isolated
 
 WORKER_TYPE = "executorch"
 #: WorkerSettings' variables, which the CLI sets for the worker process it starts. This one: the

@@ -26,9 +26,9 @@ from packaging.version import Version
 from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.specbase import is_safe_name
-from prefect_executorch.toolchain import Toolchain
-from prefect_executorch.versions import parse_version
+from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.machine.versions import parse_version
+from prefect_executorch.spec.base import is_safe_name
 
 _CPU_RE = re.compile(r"^cpu-(?P<backend>[a-z0-9]+)-(?P<arch>[a-z0-9_]+)(?:-(?P<quant>int8[a-z0-9]+))?$")
 _GPU_RE = re.compile(

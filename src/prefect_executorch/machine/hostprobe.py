@@ -1,7 +1,7 @@
 """What this machine is, gathered with the standard library and torch alone.
 
 GPU hosts may have torch and nothing else of ours (the H200 workers lack even pydantic), so this
-module imports no third-party package but torch; ``python -m prefect_executorch.hostprobe``
+module imports no third-party package but torch; ``python -m prefect_executorch.machine.hostprobe``
 prints the facts as JSON, and ``toolchain.probe()`` validates the same facts into a Toolchain.
 Never imports TensorRT or torch-tensorrt: what torch-tensorrt accepts is read from its source.
 """
@@ -164,7 +164,7 @@ def tensorrt_capabilities(api: dict[str, Any] | None) -> dict[str, bool]:
 
 def torch_tensorrt_api_facts(sources: Any) -> dict[str, Any]:
     """What torch-tensorrt accepts, from ``sources`` (an ``apisource.Sources``): versions and keywords."""
-    from prefect_executorch.apisource import ApiNotFound
+    from prefect_executorch.machine.apisource import ApiNotFound
 
     def keywords(name: str) -> list[str]:
         try:
@@ -210,7 +210,7 @@ def gather() -> dict[str, Any]:
     executorch = dist_version("executorch")
     api = None
     if torch_tensorrt:
-        from prefect_executorch.apisource import Sources
+        from prefect_executorch.machine.apisource import Sources
 
         api = torch_tensorrt_api_facts(Sources.installed("torch_tensorrt"))
     try:

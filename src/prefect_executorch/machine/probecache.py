@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect_executorch.toolchain import Toolchain, probe_isolated
+from prefect_executorch.machine.toolchain import Toolchain, probe_isolated
 
 #: Where entries live, under the user's cache directory (``$XDG_CACHE_HOME`` or ``~/.cache``).
 CACHE_SUBDIR = Path("prefect-executorch") / "toolchain-probe"
@@ -95,7 +95,7 @@ def _nvidia_gpus() -> list[str]:
 
 
 def _nvcc() -> list[Any]:
-    from prefect_executorch.hostprobe import find_nvcc
+    from prefect_executorch.machine.hostprobe import find_nvcc
 
     path = find_nvcc()
     return [path, _stat(path) if path else None]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.hostprobe import channel_of, cuda_channel, gather, torch_tensorrt_api_facts
+from prefect_executorch.machine.hostprobe import channel_of, cuda_channel, gather, torch_tensorrt_api_facts
 
 if TYPE_CHECKING:
     from prefect_executorch.isolation import StartMethod
@@ -139,6 +139,6 @@ def probe_isolated(timeout_s: float = 300, start: StartMethod | None = None) -> 
                         scratch_dir=Path(tempfile.gettempdir()), what="toolchain probe", start=start)
 
 
-if __name__ == "__main__":  # on hosts with pydantic; `python -m prefect_executorch.hostprobe` needs only torch
+if __name__ == "__main__":  # on hosts with pydantic; `python -m prefect_executorch.machine.hostprobe` needs only torch
     print(probe().model_dump_json(indent=2))
     sys.exit(0)

@@ -20,10 +20,9 @@ from pydantic import (
 )
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.modelref import ModelRef, check_factory
-from prefect_executorch.specbase import StrictModel, is_safe_name
-from prefect_executorch.targets import TARGETS, TargetSpec
-from prefect_executorch.targets.options import XnnpackOptions
+from prefect_executorch.spec.base import StrictModel, is_safe_name
+from prefect_executorch.spec.modelref import ModelRef, check_factory
+from prefect_executorch.spec.options import OPTIONS, TargetSpec, XnnpackOptions
 
 Dtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"]
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -366,7 +365,7 @@ class QuantizationSpec(StrictModel):
     @field_validator("scheme")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        from prefect_executorch.quantization import SCHEMES
+        from prefect_executorch.spec.schemes import SCHEMES
 
         if value not in SCHEMES:
             raise ValueError(f"unknown scheme {value!r}; choose one of {', '.join(SCHEMES)}")
@@ -376,7 +375,7 @@ class QuantizationSpec(StrictModel):
     def _options_fit_scheme(self) -> QuantizationSpec:
         if self.group_size is not None and self.scheme != "int8da4w":
             raise ValueError(f"group_size applies to int8da4w only, not {self.scheme!r}; remove it")
-        from prefect_executorch.quantization import CALIBRATED_SCHEMES
+        from prefect_executorch.spec.schemes import CALIBRATED_SCHEMES
 
         if self.calibration is not None and self.scheme not in CALIBRATED_SCHEMES:
             raise ValueError(f"calibration applies to {', '.join(CALIBRATED_SCHEMES)} only ({self.scheme!r} needs none); "
@@ -386,7 +385,7 @@ class QuantizationSpec(StrictModel):
     @property
     def effective_group_size(self) -> int:
         """``group_size``, or the default 32."""
-        from prefect_executorch.quantization import DEFAULT_GROUP_SIZE
+        from prefect_executorch.spec.schemes import DEFAULT_GROUP_SIZE
 
         return self.group_size or DEFAULT_GROUP_SIZE
 
@@ -408,7 +407,7 @@ def _target_names_too(schema: dict[str, Any]) -> None:
     """
     options = dict(schema)
     schema.clear()
-    schema["anyOf"] = [options, {"type": "string", "enum": sorted(TARGETS)}]
+    schema["anyOf"] = [options, {"type": "string", "enum": sorted(OPTIONS)}]
 
 
 class BuildSpec(StrictModel):

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.spec import FLOAT_DTYPES, InputSpec, MethodSpec
+from prefect_executorch.spec.buildspec import FLOAT_DTYPES, BuildSpec, InputSpec, MethodSpec, MethodValidation
 
 if TYPE_CHECKING:
     import torch
 
 Shapes = list[list[int]]
+#: One call's positional inputs.
+Inputs = tuple["torch.Tensor", ...]
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -143,7 +146,7 @@ def load_samples_file(path: str, method: MethodSpec, field: str) -> list[tuple[t
 
 def load_dataset(reference: str, method: MethodSpec, field: str, limit: int) -> list[tuple[torch.Tensor, ...]]:
     """Up to ``limit`` input tuples from the user's dataset factory (a function returning an iterable)."""
-    from prefect_executorch.modelref import load_factory
+    from prefect_executorch.spec.modelref import load_factory
 
     produced = load_factory(reference, field)()
     try:
@@ -158,3 +161,35 @@ def load_dataset(reference: str, method: MethodSpec, field: str, limit: int) -> 
     if not samples:
         raise SpecError(f"{field}: {reference!r} yielded no samples")
     return samples
+
+
+def case_inputs(spec: BuildSpec, name: str, method: MethodSpec) -> Iterator[tuple[str, int, Inputs]]:
+    """Every input tuple of a method: seeded random ones at each declared shape, then the user's samples."""
+    import torch
+
+    settings = spec.validation.methods.get(name, MethodValidation())
+    generator = torch.Generator().manual_seed(spec.validation.seed)
+    for label, shapes in shape_points(method, settings.extra_shapes):
+        for sample in range(spec.validation.samples):
+            yield label, sample, random_inputs(method, shapes, generator)
+    field = f"validation.methods.{name}"
+    if settings.samples_file:
+        for index, inputs in enumerate(load_samples_file(settings.samples_file, method, f"{field}.samples_file")):
+            yield "samples_file", index, inputs
+    if settings.dataset:
+        dataset = load_dataset(settings.dataset, method, f"{field}.dataset", settings.max_dataset_samples)
+        for index, inputs in enumerate(dataset):
+            yield "dataset", index, inputs
+
+
+def calibration_inputs(spec: BuildSpec, name: str) -> tuple[str, list[tuple[Any, ...]]]:
+    """The input tuples a calibrated scheme calibrates ``name`` on, and their source in words."""
+    from prefect_executorch.spec.inputs import case_inputs, load_dataset
+
+    assert spec.quantization is not None
+    method = spec.methods[name]
+    calibration = spec.quantization.calibration
+    if calibration is not None and calibration.dataset is not None:
+        samples = load_dataset(calibration.dataset, method, "quantization.calibration.dataset", calibration.max_samples)
+        return f"dataset {calibration.dataset}", samples
+    return "validation samples", [inputs for _, _, inputs in case_inputs(spec, name, method)]

@@ -17,7 +17,7 @@ from prefect_executorch.errors import SpecError
 if TYPE_CHECKING:
     import torch
 
-    from prefect_executorch.spec import BuildSpec
+    from prefect_executorch.spec.buildspec import BuildSpec
 
 
 class ModelRef(NamedTuple):

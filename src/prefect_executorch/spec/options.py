@@ -1,15 +1,16 @@
 """Each target's options: the ``target:`` section of a spec, one model per registered target.
 
-Pure pydantic (no behaviour imports), so that ``spec.py`` can build its target union from them.
+Pure pydantic (no behaviour imports): the spec builds its ``target:`` union from ``OPTIONS`` and never
+imports the targets; ``targets/`` checks that each registered target brings the model listed here.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from prefect_executorch.specbase import StrictModel
+from prefect_executorch.spec.base import StrictModel
 
 
 class TargetOptions(StrictModel):
@@ -125,3 +126,17 @@ class CudaOptions(TargetOptions):
         "bfloat16 only, so 'auto' turns them off for a method whose attention runs in another type.")
     low_memory: bool = Field(
         False, description="The backend's low-memory export: mutated buffers (KV caches) are cloned on the host while compiling.")
+
+
+#: Each target's options model by its ``kind``, in the order error messages list them.
+OPTIONS: dict[str, type[TargetOptions]] = {
+    options.model_fields["kind"].default: options
+    for options in (XnnpackOptions, PortableOptions, CudaOptions, TensorRTOptions)
+}
+
+if TYPE_CHECKING:
+    # mypy cannot read a union built at run time; to it a spec's target is its options' base.
+    TargetSpec = TargetOptions
+else:
+    #: The spec's ``target:`` field: one options model per target, told apart by ``kind``.
+    TargetSpec = Annotated[Union[tuple(OPTIONS.values())], Field(discriminator="kind")]  # noqa: UP007 - `|` cannot spread a tuple

@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.isolation import MemoryLimit
-from prefect_executorch.targets.options import TargetOptions
+from prefect_executorch.spec.options import TargetOptions
+from prefect_executorch.targets.delegation import DelegationFacts
 
 if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-    from prefect_executorch.spec import BuildSpec
-    from prefect_executorch.toolchain import Toolchain
+    from prefect_executorch.machine.toolchain import Toolchain
+    from prefect_executorch.spec.buildspec import BuildSpec
 
 #: Name of the program file in every bundle.
 PROGRAM_FILE = "model.pte"

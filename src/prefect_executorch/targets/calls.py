@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prefect_executorch.apisource import ApiNotFound, Definition, Kind, Params, Sources
+from prefect_executorch.machine.apisource import ApiNotFound, Definition, Kind, Params, Sources
 
 
 @dataclass(frozen=True)

@@ -5,19 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_executorch.compat import cpu_compat
-from prefect_executorch.delegation import delegation_facts
 from prefect_executorch.errors import ToolchainMismatch
-from prefect_executorch.quantization import check_scheme, compat_tag
+from prefect_executorch.machine.compat import cpu_compat
+from prefect_executorch.spec.options import PortableOptions, XnnpackOptions
+from prefect_executorch.spec.schemes import check_scheme, compat_tag
 from prefect_executorch.targets.base import PROGRAM_FILE, WEIGHTS_TAG, Lowered, Target
-from prefect_executorch.targets.options import PortableOptions, XnnpackOptions
+from prefect_executorch.targets.delegation import delegation_facts
 
 if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-    from prefect_executorch.spec import BuildSpec
-    from prefect_executorch.toolchain import Toolchain
+    from prefect_executorch.machine.toolchain import Toolchain
+    from prefect_executorch.spec.buildspec import BuildSpec
 
 
 def _weights_tag(node: Any) -> str:
@@ -47,7 +47,7 @@ class CpuTarget(Target):
         return cpu_compat(self.name, toolchain.arch, quantization=compat_tag(spec.quantization))
 
     def runtime_operators(self) -> set[str] | None:
-        from prefect_executorch.runtime import runtime_extension
+        from prefect_executorch.machine.runtimes import runtime_extension
 
         return set(runtime_extension()._get_operator_names())
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from prefect_executorch.compat import cuda_compat
 from prefect_executorch.errors import ExportFailed, SpecError, ToolchainMismatch
-from prefect_executorch.quantization import check_scheme
+from prefect_executorch.machine.compat import cuda_compat
+from prefect_executorch.spec.options import CudaOptions
+from prefect_executorch.spec.schemes import check_scheme
 from prefect_executorch.targets.base import PROGRAM_FILE, Lowered, MemoryLimit, Target
 from prefect_executorch.targets.gpu import (
     RUNTIME_PACKAGE,
@@ -23,14 +24,13 @@ from prefect_executorch.targets.gpu import (
     platform_problems,
     set_cuda_pool_release_threshold,
 )
-from prefect_executorch.targets.options import CudaOptions
 
 if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-    from prefect_executorch.spec import BuildSpec
-    from prefect_executorch.toolchain import Toolchain
+    from prefect_executorch.machine.toolchain import Toolchain
+    from prefect_executorch.spec.buildspec import BuildSpec
 
 BACKEND = "CudaBackend"
 #: The name the backend gives its external data (``aoti_<device>_blob``): every export needs a fresh directory.
@@ -180,7 +180,7 @@ class CudaTarget(Target):
         from executorch.exir.backend.compile_spec_schema import CompileSpec
         from executorch.exir.passes import MemoryPlanningPass
 
-        from prefect_executorch.delegation import delegation_facts
+        from prefect_executorch.targets.delegation import delegation_facts
 
         options = _options(spec)
         partitioners, notes = {}, []

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Literal
 
 from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.isolation import MemoryLimit
-from prefect_executorch.toolchain import channel_cuda_major
-from prefect_executorch.versions import minor_version
+from prefect_executorch.machine.toolchain import channel_cuda_major
+from prefect_executorch.machine.versions import minor_version
 
 if TYPE_CHECKING:
-    from prefect_executorch.toolchain import Toolchain
+    from prefect_executorch.machine.toolchain import Toolchain
 
 #: A runtime wheel of ExecuTorch 1.4.1 with TensorRTBackend, CudaBackend and XnnpackBackend built in; a
 #: separate distribution, not part of torch-tensorrt.

@@ -14,13 +14,16 @@ import importlib.metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from prefect_executorch.calls import Call, LiveSources, Ref, Slot, Step, check_calls, run_steps
-from prefect_executorch.compat import gpu_compat, probed_sm
 from prefect_executorch.errors import SpecError, ToolchainMismatch
-from prefect_executorch.hostprobe import channel_of
-from prefect_executorch.quantization import check_scheme, compat_tag
+from prefect_executorch.machine.compat import gpu_compat, probed_sm
+from prefect_executorch.machine.hostprobe import channel_of
+from prefect_executorch.machine.toolchain import channel_cuda_major
+from prefect_executorch.machine.versions import minor_version, older_than
+from prefect_executorch.spec.options import TensorRTOptions
+from prefect_executorch.spec.schemes import check_scheme, compat_tag
 from prefect_executorch.targets import tensorrt_quant
 from prefect_executorch.targets.base import PROGRAM_FILE, Lowered, MemoryLimit, Target
+from prefect_executorch.targets.calls import Call, LiveSources, Ref, Slot, Step, check_calls, run_steps
 from prefect_executorch.targets.gpu import (
     RUNTIME_PACKAGE,
     activate_runtime_wheel,
@@ -29,16 +32,13 @@ from prefect_executorch.targets.gpu import (
     gpu_memory_limit,
     platform_problems,
 )
-from prefect_executorch.targets.options import TensorRTOptions
-from prefect_executorch.toolchain import channel_cuda_major
-from prefect_executorch.versions import minor_version, older_than
 
 if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-    from prefect_executorch.spec import BuildSpec, InputSpec, MethodSpec
-    from prefect_executorch.toolchain import Toolchain
+    from prefect_executorch.machine.toolchain import Toolchain
+    from prefect_executorch.spec.buildspec import BuildSpec, InputSpec, MethodSpec
 
 #: torch-tensorrt 2.13 silently ignores backend_config and unknown save() keywords and drops the .ptd.
 MIN_TORCH_TENSORRT = (2, 14)
@@ -405,10 +405,10 @@ class TensorRTTarget(Target):
             return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
 
     def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> Lowered:
-        from prefect_executorch.apisource import Sources
-        from prefect_executorch.delegation import facts_from_program
-        from prefect_executorch.inputs import dynamic_shapes, example_inputs
+        from prefect_executorch.machine.apisource import Sources
         from prefect_executorch.program import read_program
+        from prefect_executorch.spec.inputs import dynamic_shapes, example_inputs
+        from prefect_executorch.targets.delegation import facts_from_program
 
         tensorrt_quant.require_quantize_converter(spec)
         steps = build_steps(spec)
@@ -476,8 +476,8 @@ def activate_delegate_runtime() -> None:
     The backend page's contract is that importing the package registers the delegate; the 0.1.0 wheel
     registers it through ``activate()`` instead. Both are handled (``gpu.activate_runtime_wheel``).
     """
-    from prefect_executorch.hostprobe import local_cuda_channel
-    from prefect_executorch.runtime import backend_install_hint
+    from prefect_executorch.machine.hostprobe import local_cuda_channel
+    from prefect_executorch.machine.runtimes import backend_install_hint
 
     channel = local_cuda_channel()
     stack: Stack = "nightly" if ".dev" in importlib.metadata.version("torch") else "release"

@@ -17,16 +17,17 @@ import contextlib
 import copy
 from typing import TYPE_CHECKING, Any
 
-from prefect_executorch.calls import Call, Ref, Slot, Step, check_calls, materialize, run_steps
-from prefect_executorch.compat import probed_sm
 from prefect_executorch.errors import ToolchainMismatch
-from prefect_executorch.quantization import calibration_inputs, is_tensorrt_scheme
+from prefect_executorch.machine.compat import probed_sm
+from prefect_executorch.spec.inputs import calibration_inputs
+from prefect_executorch.spec.schemes import is_tensorrt_scheme
+from prefect_executorch.targets.calls import Call, Ref, Slot, Step, check_calls, materialize, run_steps
 
 if TYPE_CHECKING:
     import torch
 
-    from prefect_executorch.spec import BuildSpec
-    from prefect_executorch.toolchain import Toolchain
+    from prefect_executorch.machine.toolchain import Toolchain
+    from prefect_executorch.spec.buildspec import BuildSpec
 
 MODELOPT_PACKAGE = "nvidia-modelopt"
 #: The release whose sources the tests check the calls against.
@@ -89,7 +90,7 @@ def toolchain_problems(spec: BuildSpec, toolchain: Toolchain) -> list[str]:
 
 def _forward_loop(spec: BuildSpec, device: str) -> tuple[Any, str, int]:
     """ModelOpt's calibration callback over every method's calibration samples, their source and their count."""
-    from prefect_executorch.modelref import method_module
+    from prefect_executorch.spec.modelref import method_module
 
     batches = []
     source = ""
@@ -139,8 +140,8 @@ def require_quantize_converter(spec: BuildSpec) -> None:
     if not is_tensorrt_scheme(spec):
         return
     assert spec.quantization is not None
-    from prefect_executorch.apisource import Sources
-    from prefect_executorch.calls import LiveSources, import_object
+    from prefect_executorch.machine.apisource import Sources
+    from prefect_executorch.targets.calls import LiveSources, import_object
 
     problems = check_calls([*quantize_steps(spec.quantization.scheme), EXPORT_MODE],
                            LiveSources(Sources.installed("modelopt")))

@@ -16,15 +16,16 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import run_isolated
-from prefect_executorch.report import ValidationReport
-from prefect_executorch.runtime import describe_runtime_error, runtime_extension
+from prefect_executorch.machine.runtimes import runtime_extension
 from prefect_executorch.targets import get_target
+from prefect_executorch.validate.report import ValidationReport
+from prefect_executorch.validate.runtime import describe_runtime_error
 
 if TYPE_CHECKING:
     import torch
 
     from prefect_executorch.settings import BundledSettings
-    from prefect_executorch.spec import BuildSpec
+    from prefect_executorch.spec.buildspec import BuildSpec
 
 BUNDLED_FILE = "model.bpte"
 #: Targets whose bundled cases are built and checked. Not TensorRT: no TensorRT program has ever run here, and on

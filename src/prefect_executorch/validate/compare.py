@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from prefect_executorch.quantization import DEFAULT_GATES
-from prefect_executorch.report import OutputComparison
-from prefect_executorch.spec import DEFAULT_MIN_COSINE, DEFAULT_TOLERANCES, ValidationSpec
+from prefect_executorch.spec.buildspec import DEFAULT_MIN_COSINE, DEFAULT_TOLERANCES, ValidationSpec
+from prefect_executorch.spec.schemes import DEFAULT_GATES
+from prefect_executorch.validate.report import OutputComparison
 
 if TYPE_CHECKING:
     import torch

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.delegation import DelegationFacts
-from prefect_executorch.latency import LatencyStats
-from prefect_executorch.quantization import QuantizationFacts
+from prefect_executorch.export.quantize import QuantizationFacts
+from prefect_executorch.targets.delegation import DelegationFacts
+from prefect_executorch.validate.latency import LatencyStats
 
 
 class OutputComparison(BaseModel):

@@ -9,27 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import ToolchainMismatch, ValidationFailed
+from prefect_executorch.machine.runtimes import backend_install_hint, runtime_extension
 from prefect_executorch.program import MethodFacts, read_program
 
 if TYPE_CHECKING:
     import torch
 
-    from prefect_executorch.spec import InputSpec
-
-#: What registers each delegate that ExecuTorch's CPU wheel does not have built in.
-BACKEND_PACKAGES = {
-    "TensorRTBackend": "torch-tensorrt-executorch-runtime",
-    "CudaBackend": "torch-tensorrt-executorch-runtime (prefect-executorch[cuda], docs/cuda.md) or an ExecuTorch built with "
-                   "EXECUTORCH_BUILD_CUDA=ON",
-}
-
-
-def runtime_extension() -> Any:
-    """ExecuTorch's runtime extension in this process (the runtime wheel's once a target activated it)."""
-    from prefect_executorch.hostprobe import stock_runtime
-
-    return stock_runtime()
-
+    from prefect_executorch.spec.buildspec import InputSpec
 
 _ERROR_CODE = re.compile(r"error:\s*0x:?([0-9a-fA-F]+)")
 #: ExecuTorch's runtime error codes (runtime/core/error.h) that a user can act on.
@@ -39,19 +25,6 @@ ERROR_NAMES = {
     0x22: "AccessFailed", 0x23: "InvalidProgram", 0x24: "InvalidExternalData",
     0x30: "DelegateInvalidCompatibility", 0x31: "DelegateMemoryAllocationFailed",
 }
-
-
-def backend_install_hint(backend: str, channel: str | None) -> str:
-    """``bundle needs X: install Y on channel Z`` for a delegate this process has not registered."""
-    package = BACKEND_PACKAGES.get(backend, "the package that registers it")
-    where = (
-        f"on channel {channel} (this machine's torch channel)"
-        if channel else "on the CUDA 13 channel the bundle was built for (this machine's torch is a CPU build)"
-    )
-    hint = f"bundle needs {backend}: install {package} {where}"
-    if backend == "TensorRTBackend":
-        hint += " and import it before executorch's runtime"
-    return hint
 
 
 def describe_runtime_error(exc: Exception) -> str:
@@ -86,7 +59,7 @@ class LoadedProgram:
 
     def _install_hints(self, channel: str | None) -> str:
         if channel is None:
-            from prefect_executorch.hostprobe import local_cuda_channel
+            from prefect_executorch.machine.hostprobe import local_cuda_channel
 
             channel = local_cuda_channel()
         return "; ".join(backend_install_hint(backend, channel) for backend in self.missing_backends)

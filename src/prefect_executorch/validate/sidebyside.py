@@ -16,15 +16,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.compare import compare_outputs
 from prefect_executorch.errors import ValidationFailed
-from prefect_executorch.inputs import random_inputs, shape_points
-from prefect_executorch.latency import LatencyStats, measure_together
-from prefect_executorch.placement import needs_cuda
-from prefect_executorch.runtime import LoadedProgram
-from prefect_executorch.spec import MethodSpec, ValidationSpec
-from prefect_executorch.targets import get_target
-from prefect_executorch.validator import synchronized
+from prefect_executorch.spec.buildspec import MethodSpec, ValidationSpec
+from prefect_executorch.spec.inputs import random_inputs, shape_points
+from prefect_executorch.targets import get_target, needs_cuda
+from prefect_executorch.validate.compare import compare_outputs
+from prefect_executorch.validate.latency import LatencyStats, measure_together
+from prefect_executorch.validate.runtime import LoadedProgram
+from prefect_executorch.validate.validator import synchronized
 
 
 class ProgramFiles(BaseModel):

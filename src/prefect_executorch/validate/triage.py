@@ -17,14 +17,14 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import PrefectExecutorchError
 from prefect_executorch.isolation import run_isolated
-from prefect_executorch.spec import BuildSpec
+from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.targets import PROGRAM_FILE, get_target
 
 if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-    from prefect_executorch.report import ValidationReport
+    from prefect_executorch.validate.report import ValidationReport
 
 #: Targets whose lowering the child can redo with an ETRecord (the GPU target's engines log no intermediates).
 TRIAGE_TARGETS = ("portable", "xnnpack")
@@ -106,7 +106,7 @@ class TriageRequest(BaseModel):
 
 
 def _case_inputs(spec: BuildSpec, method: str, label: str, sample: int) -> tuple[torch.Tensor, ...]:
-    from prefect_executorch.validator import case_inputs
+    from prefect_executorch.spec.inputs import case_inputs
 
     for case_label, case_sample, inputs in case_inputs(spec, method, spec.methods[method]):
         if (case_label, case_sample) == (label, sample):
@@ -118,7 +118,7 @@ def run_with_etdump(pte: Path, data: Path | None, method: str, inputs: tuple[Any
     """Run one method with an ETDump and debug buffer written to ``out_dir``; the reason if the runtime logs nothing."""
     from importlib.metadata import version
 
-    from prefect_executorch.runtime import runtime_extension
+    from prefect_executorch.machine.runtimes import runtime_extension
 
     module = runtime_extension()._load_for_executorch(str(pte), str(data) if data else None, enable_etdump=True,
                                   debug_buffer_size=DEBUG_BUFFER_BYTES)
@@ -132,8 +132,8 @@ def run_with_etdump(pte: Path, data: Path | None, method: str, inputs: tuple[Any
 
 def _reference_etrecord(spec: BuildSpec, method: str, inputs: tuple[Any, ...], path: Path) -> ExportedProgram:
     """Export and lower the eager method as the target does, save its ETRecord with ``inputs``; return the ATen program."""
-    from prefect_executorch.inputs import dynamic_shapes, example_inputs
-    from prefect_executorch.modelref import load_model, method_module
+    from prefect_executorch.spec.inputs import dynamic_shapes, example_inputs
+    from prefect_executorch.spec.modelref import load_model, method_module
     from prefect_executorch.targets.cpu import CpuTarget
 
     target = get_target(spec.target_name)
@@ -198,7 +198,7 @@ def _gaps(frame: Any, spec: BuildSpec, method: str, modules: dict[str, str]) -> 
     import executorch
     import torch
 
-    from prefect_executorch.compare import limits_for
+    from prefect_executorch.validate.compare import limits_for
 
     limits = limits_for(spec.validation, method, "", "float32")
     atol, rtol = limits.atol or 0.0, limits.rtol or 0.0

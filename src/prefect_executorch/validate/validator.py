@@ -9,33 +9,31 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.bundled import Cases, write_bundled
-from prefect_executorch.compare import compare_outputs, flatten_with_paths
-from prefect_executorch.delegation import DelegationFacts
 from prefect_executorch.errors import ChildProcessFailed, SpecError, ValidationFailed
-from prefect_executorch.inputs import load_dataset, load_samples_file, random_inputs, shape_points
+from prefect_executorch.export.quantize import quantized_methods
 from prefect_executorch.isolation import run_isolated
-from prefect_executorch.latency import measure_together
-from prefect_executorch.modelref import load_model, method_callable
-from prefect_executorch.quantization import quantized_methods
-from prefect_executorch.report import CaseResult, GateResult, LatencyResult, ValidationReport
-from prefect_executorch.runtime import LoadedProgram
-from prefect_executorch.spec import BuildSpec, MethodValidation, ValidationSpec, check_input_budget
+from prefect_executorch.spec.buildspec import BuildSpec, ValidationSpec, check_input_budget
+from prefect_executorch.spec.inputs import Inputs, case_inputs
+from prefect_executorch.spec.modelref import load_model, method_callable
 from prefect_executorch.targets import PROGRAM_FILE, get_target
+from prefect_executorch.targets.delegation import DelegationFacts
+from prefect_executorch.validate.bundled import Cases, write_bundled
+from prefect_executorch.validate.compare import compare_outputs, flatten_with_paths
+from prefect_executorch.validate.latency import measure_together
+from prefect_executorch.validate.report import CaseResult, GateResult, LatencyResult, ValidationReport
+from prefect_executorch.validate.runtime import LoadedProgram
 
 if TYPE_CHECKING:
     import torch
 
-    from prefect_executorch.spec import MethodSpec
-    from prefect_executorch.triage import TriageReport
+    from prefect_executorch.validate.triage import TriageReport
 
-Inputs = tuple["torch.Tensor", ...]
 
 
 class ValidateRequest(BaseModel):
@@ -47,25 +45,6 @@ class ValidateRequest(BaseModel):
     data_files: list[str] = Field(default_factory=list)
     delegation: dict[str, DelegationFacts] = Field(default_factory=dict)
     bundled_out: str | None = Field(default=None, description="Where to write the .bpte of the cases, if they all pass.")
-
-
-def case_inputs(spec: BuildSpec, name: str, method: MethodSpec) -> Iterator[tuple[str, int, Inputs]]:
-    """Every input tuple of a method: seeded random ones at each declared shape, then the user's samples."""
-    import torch
-
-    settings = spec.validation.methods.get(name, MethodValidation())
-    generator = torch.Generator().manual_seed(spec.validation.seed)
-    for label, shapes in shape_points(method, settings.extra_shapes):
-        for sample in range(spec.validation.samples):
-            yield label, sample, random_inputs(method, shapes, generator)
-    field = f"validation.methods.{name}"
-    if settings.samples_file:
-        for index, inputs in enumerate(load_samples_file(settings.samples_file, method, f"{field}.samples_file")):
-            yield "samples_file", index, inputs
-    if settings.dataset:
-        dataset = load_dataset(settings.dataset, method, f"{field}.dataset", settings.max_dataset_samples)
-        for index, inputs in enumerate(dataset):
-            yield "dataset", index, inputs
 
 
 def synchronized(call: Callable[[], Any], device: str) -> Callable[[], Any]:
@@ -158,7 +137,7 @@ def _value_range(tensor: torch.Tensor) -> list[float] | None:
 def _split_errors(case: CaseResult, spec: BuildSpec, name: str, actual: list[Any], expected: Any,
                   quantized: Any, output_spec: str | None) -> None:
     """Quantized builds: set the case's quantization error (quantized vs float eager) and lowering error (program vs quantized)."""
-    from prefect_executorch.compare import flatten_with_paths
+    from prefect_executorch.validate.compare import flatten_with_paths
 
     assert spec.quantization is not None
     scheme = spec.quantization.scheme

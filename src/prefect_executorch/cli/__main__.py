@@ -1,0 +1,5 @@
+"""``python -m prefect_executorch.cli``."""
+
+from prefect_executorch.cli.main import run
+
+run()

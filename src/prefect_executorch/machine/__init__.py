@@ -1,0 +1,3 @@
+"""What this machine is: the probe of its libraries, GPUs and ExecuTorch runtime (cached), version
+comparisons, and the compat keys that say which machines a bundle runs on.
+"""
