@@ -116,7 +116,7 @@ class Manifest(BaseModel):
     spec_sha256: str
     weights_sha256: str | None = None
     quantization: QuantizationFacts | None = Field(None, description="Scheme, group size, calibration, torchao or ModelOpt version.")
-    fingerprint: str | None = Field(None, description="Build fingerprint (fingerprint.py): an unchanged rebuild has the same.")
+    fingerprint: str | None = Field(None, description="Build fingerprint (export/fingerprint.py): an unchanged rebuild has the same.")
     build_inputs: BuildFingerprint | None = Field(
         None, description="The fingerprint's parts (content hashes, the spec without paths, the toolchain): a changed "
         "rebuild is told which of them changed.")

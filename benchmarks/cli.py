@@ -5,7 +5,7 @@ library, no Prefect) into a new store; ``prefect-executorch build`` of the same 
 store (a fresh build: Prefect's ephemeral API included); the same command again (an unchanged
 rebuild). Goals on the medians of ``--rounds`` rounds: rebuild / full build <= 0.3 and
 full build / plain script <= 1.3. One untimed CLI build first creates Prefect's database and fills
-the toolchain probe's cache (``probecache.py``, in this run's own ``XDG_CACHE_HOME``), as any earlier
+the toolchain probe's cache (``machine/probecache.py``, in this run's own ``XDG_CACHE_HOME``), as any earlier
 build on a machine does: the rebuild answers from that cache without starting a child or Prefect;
 the full build still probes for real in its flow, and the plain script probes once, in a child.
 """

@@ -17,7 +17,7 @@ def test_wheel_maps_top_level_folders_into_the_package(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("prefect_executorch-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for module in ("flows/build.py", "tasks/export.py", "artifacts/store.py", "targets/cpu.py", "cli.py"):
+    for module in ("flows/build.py", "tasks/export.py", "artifacts/store.py", "targets/cpu.py", "cli/main.py"):
         assert f"prefect_executorch/{module}" in names
     top_level = {name.split("/")[0] for name in names}
     assert top_level <= {"prefect_executorch", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}

@@ -1,7 +1,7 @@
 """What spec models and target options share: the strict base model and the rule for names.
 
-It lives apart from ``spec.py`` because ``spec.py`` builds its target union from the targets
-package, whose options and compat keys need these too (importing ``spec`` there would be a cycle).
+It lives apart from ``buildspec.py`` because ``buildspec.py`` builds its target union from the options
+models (``options.py``), which need these too, as do the compat keys.
 """
 
 from __future__ import annotations
