@@ -13,6 +13,7 @@ from prefect_executorch.validate.triage import TriageReport
 
 if TYPE_CHECKING:
     from prefect_executorch.artifacts.aliases import AliasRecord
+    from prefect_executorch.artifacts.registry import BundleRef
 
 
 def artifact_key(*parts: str) -> str:
@@ -29,6 +30,16 @@ def cell(value: Any, column: str = "") -> str:
             return f"{value:+.0%}"
         return f"{value:.6f}" if column.endswith("cosine") else f"{value:.3g}"
     return str(value)
+
+
+def table_rows(rows: list[BaseModel]) -> list[dict[str, str]]:
+    """Rows for a Prefect table artifact: the verdict column first (visible without scrolling), every cell formatted."""
+    formatted = []
+    for row in rows:
+        cells = {column.replace("_", " "): cell(getattr(row, column), column) for column in type(row).model_fields}
+        verdict = cells.pop("result", None)
+        formatted.append({"result": verdict, **cells} if verdict is not None else cells)
+    return formatted
 
 
 def _markdown_table(rows: list[BaseModel]) -> list[str]:
@@ -66,29 +77,33 @@ def validation_markdown(title: str, report: ValidationReport, card: ModelCard | 
     return "\n".join(lines)
 
 
-def publish_validation_artifacts(title: str, report: ValidationReport, card: ModelCard | None = None) -> None:
-    """Attach the markdown report (with the model card) and a table (one row per method x shape) to the current run."""
+def publish_validation_artifacts(title: str, key: str, report: ValidationReport, card: ModelCard | None = None) -> None:
+    """Attach the markdown report (with the model card) and a table (one row per method x shape) to the current run.
+
+    ``key`` names the model and target, not the version: an artifact's history is then that model's builds.
+    """
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+    verdict = "PASSED" if report.passed else "FAILED"
     create_markdown_artifact(
-        key=artifact_key("validation", title),
+        key=artifact_key("validation", key),
         markdown=validation_markdown(title, report, card),
-        description=f"Validation of {title} against eager PyTorch",
+        description=f"{verdict}: validation of {title} against eager PyTorch",
     )
     create_table_artifact(
-        key=artifact_key("validation-table", title),
-        table=[row.model_dump() for row in report.shape_rows()],
-        description=f"Validation of {title}: worst error per method x shape",
+        key=artifact_key("validation-table", key),
+        table=table_rows(list(report.shape_rows())),
+        description=f"{verdict}: validation of {title}, worst error per method x shape",
     )
 
 
-def publish_triage_artifact(title: str, triage: TriageReport) -> None:
+def publish_triage_artifact(title: str, key: str, triage: TriageReport) -> None:
     """Attach the triage of a failed validation: a table of its first and worst operators, or why it was skipped."""
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    key = artifact_key("triage", title)
+    key = artifact_key("triage", key)
     if triage.rows():
-        create_table_artifact(key=key, table=[row.model_dump() for row in triage.rows()], description=triage.describe())
+        create_table_artifact(key=key, table=table_rows(list(triage.rows())), description=triage.describe())
     else:
         create_markdown_artifact(key=key, markdown=f"# Triage: {title}\n\n{triage.describe()}",
                                  description=f"Triage of {title}: none")
@@ -107,4 +122,46 @@ def publish_promotion_artifact(title: str, record: AliasRecord) -> None:
         key=artifact_key("promotion", title),
         table=[row.model_dump() for row in record.comparison.rows()],
         description=f"{record.alias}: {record.version} {record.target}/{record.compat} beside {was}{forced}",
+    )
+
+
+def publish_bundle_link(ref: BundleRef, how: str) -> None:
+    """A link to the bundle's manifest on the current run, keyed per model and target: its history is their builds."""
+    from prefect.artifacts import create_link_artifact
+
+    create_link_artifact(
+        key=artifact_key("bundle", ref.key.name, ref.key.target),
+        link=f"{ref.store.rstrip('/')}/{ref.manifest_key}",
+        link_text=f"{ref.key.name} {ref.key.version} {ref.key.target}/{ref.key.compat}",
+        description=f"{how}; manifest sha256 {ref.manifest_sha256}",
+    )
+
+
+def build_summary_markdown(ref: BundleRef, report: ValidationReport, export_seconds: float) -> str:
+    """One build on one page, the verdict first: the bundle, where it runs, its validation and what was delegated."""
+    key = ref.key
+    delegated = ", ".join(f"{method} {'unknown' if share is None else f'{share:.0%}'}"
+                          for method, share in report.summary().delegated_fraction.items()) or "-"
+    return "\n".join([
+        f"# {key.name} {key.version} {key.target}: {'PUBLISHED' if report.passed else 'FAILED'}",
+        "",
+        f"- **bundle:** [{key.prefix}]({ref.store.rstrip('/')}/{ref.manifest_key})",
+        f"- **runs on:** `{key.compat}`",
+        f"- **validation:** {'passed' if report.passed else 'FAILED'}, {len(report.cases)} cases; worst: "
+        f"{report.describe_worst() or '-'}",
+        f"- **delegated:** {delegated}",
+        f"- **export:** {export_seconds:.1f} s; program loaded in {report.load_seconds:.2f} s",
+        f"- **manifest sha256:** `{ref.manifest_sha256}`",
+    ])
+
+
+def publish_build_summary(ref: BundleRef, report: ValidationReport, export_seconds: float) -> None:
+    """The build's summary on its run, keyed per model and target (the artifact's history is their builds)."""
+    from prefect.artifacts import create_markdown_artifact
+
+    create_markdown_artifact(
+        key=artifact_key("build", ref.key.name, ref.key.target),
+        markdown=build_summary_markdown(ref, report, export_seconds),
+        description=f"{'PUBLISHED' if report.passed else 'FAILED'}: {ref.key.name} {ref.key.version} "
+                    f"{ref.key.target}/{ref.key.compat}",
     )

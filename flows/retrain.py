@@ -14,6 +14,7 @@ from prefect_executorch.fleet.placement import MatrixCell
 from prefect_executorch.fleet.retrain import parse_request, promotion_aliases
 from prefect_executorch.flows.matrix import build_matrix
 from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.tasks.dispatch import QUEUE_WAIT_S, MissingPoolPolicy
 from prefect_executorch.tasks.promote import promote_alias
 from prefect_executorch.tasks.weights import fetch_weights
 
@@ -30,14 +31,18 @@ def retrain(
     alias: str = "staging",
     output: str | None = None,
     training_run: str | None = None,
+    on_missing_pool: MissingPoolPolicy = "wait",
+    queue_wait_s: float = QUEUE_WAIT_S,
 ) -> list[AliasRecord]:
     """Fetch ``weights_uri``, build ``spec`` with it for every target, then move ``alias`` to the new bundles.
 
     The parameters are the ``model.retrain.requested`` payload (see ``prefect_executorch.fleet.retrain``)
     plus the deployment's spec, targets and store. The version defaults to
     ``<spec version>-<sha256[:12]>`` of the weights, so a repeated request rebuilds nothing.
-    Nothing is promoted unless every build validated and published; one target moves ``alias``,
-    several move ``<alias>-<compat>`` each (an alias points at one bundle).
+    Nothing is promoted unless every build validated and published; each bundle moves
+    ``<alias>-<compat>`` (an alias points at one bundle). ``on_missing_pool`` and
+    ``queue_wait_s`` go to the matrix: with ``skip``, the cells no live worker can take are left out
+    (recorded with the reason) and the bundles built are promoted.
     """
     request = parse_request({"name": name, "weights_uri": weights_uri, "version": version, "weights_sha256": weights_sha256,
                              "training_run": training_run})
@@ -49,7 +54,8 @@ def retrain(
         fetched = fetch_weights(request.weights_uri, work_dir, request.weights_sha256)
         versioned = fetched.apply(spec, request.version or fetched.default_version(spec))
         refs = build_matrix(versioned, targets, store, weights_uri=request.weights_uri,
-                            weights_sha256=fetched.sha256, output=output, training_run=request.training_run)
+                            weights_sha256=fetched.sha256, output=output, training_run=request.training_run,
+                            on_missing_pool=on_missing_pool, queue_wait_s=queue_wait_s)
     finally:
         if output is None:
             shutil.rmtree(work_dir, ignore_errors=True)

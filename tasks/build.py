@@ -10,6 +10,7 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.rebuild import PublishedBuild, check_rebuild
 from prefect_executorch.artifacts.registry import BundleRef
+from prefect_executorch.artifacts.reports import publish_bundle_link
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.fleet.gpus import gpu_slot
@@ -17,7 +18,7 @@ from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.targets import needs_cuda
 from prefect_executorch.tasks.cache import BuildCachePolicy
-from prefect_executorch.tasks.events import VALIDATION_FAILED, emit_bundle_event
+from prefect_executorch.tasks.events import VALIDATION_FAILED, emit_bundle_event, emit_reused
 from prefect_executorch.tasks.export import export_model
 from prefect_executorch.tasks.publish import publish_bundle
 from prefect_executorch.tasks.validate import validate_export
@@ -28,8 +29,18 @@ if TYPE_CHECKING:
 
 @task(name="check-published")
 def check_published(spec: BuildSpec, toolchain: Toolchain, compat: str, store: str | Block) -> PublishedBuild:
-    """Before exporting: the published bundle of an unchanged rebuild, or ``BundleConflict`` for a changed one."""
-    return check_rebuild(spec, toolchain, compat, open_store(store))
+    """Before exporting: the published bundle of an unchanged rebuild, or ``BundleConflict`` for a changed one.
+
+    A cache hit says so: a log line, a link to the bundle it returns and a ``bundle.reused`` event.
+    """
+    published = check_rebuild(spec, toolchain, compat, open_store(store))
+    if published.ref is not None:
+        ref = published.ref
+        get_run_logger().info("cache hit: %s is in %s from an identical build (manifest sha256 %s); nothing exported",
+                              ref.key.prefix, ref.store, ref.manifest_sha256)
+        publish_bundle_link(ref, "cache hit: an identical build's bundle, nothing exported")
+        emit_reused(ref, "flow")
+    return published
 
 
 @task(name="build-and-publish", cache_policy=BuildCachePolicy(), persist_result=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from prefect import get_run_logger, task
+from prefect import get_client, get_run_logger, task
 from prefect.artifacts import create_table_artifact
+from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
+from prefect.exceptions import PrefectHTTPStatusError
 from prefect.states import State
 
 from prefect_executorch.artifacts.registry import BundleRef
@@ -20,6 +22,33 @@ from prefect_executorch.spec.buildspec import BuildSpec
 BUILD_FLOW = "build-bundle"
 #: How long a build may wait for a worker of its pool and queue before the matrix gives up on it.
 QUEUE_WAIT_S = 3600.0
+#: What a matrix does with a cell whose pool has no live worker when it starts: leave it out (recorded, with
+#: the reason), fail it at once, or send it anyway and wait up to the queue wait for a worker to appear.
+MissingPoolPolicy = Literal["skip", "fail", "wait"]
+
+
+@task(name="find-live-pools")
+def live_pools(pools: list[str]) -> list[str]:
+    """The pools among ``pools`` with a worker online now (Prefect marks one offline once its heartbeats stop)."""
+    online = WorkerFilter(status=WorkerFilterStatus(any_=["ONLINE"]))
+    live = []
+    with get_client(sync_client=True) as client:
+        for pool in sorted(set(pools)):
+            try:
+                if client.read_workers_for_work_pool(pool, worker_filter=online, limit=1):
+                    live.append(pool)
+            except PrefectHTTPStatusError as exc:
+                if exc.response.status_code != 404:
+                    raise
+                # No such pool: nobody can take its builds.
+    return live
+
+
+def missing_worker(cell: MatrixCell) -> str:
+    """Why a cell was not sent, and what starts a worker that would take it."""
+    pool, queue = cell.placement.pool, cell.placement.queue
+    return (f"no live worker in pool {pool} when the matrix started; start one with "
+            f"`prefect-executorch worker --pool {pool} --queue {queue}`")
 
 
 def build_parameters(
@@ -45,6 +74,7 @@ def dispatch_build(
     weights_uri: str | None = None,
     weights_sha256: str | None = None,
     training_run: str | None = None,
+    queue_wait_s: float = QUEUE_WAIT_S,
 ) -> BundleRef:
     """Run ``build-bundle/<pool>`` on the cell's arch queue, wait for it, and return its bundle."""
     deployment = f"{BUILD_FLOW}/{cell.placement.pool}"
@@ -53,7 +83,7 @@ def dispatch_build(
         parameters=build_parameters(spec, cell, store, weights_uri, weights_sha256, training_run),
         work_queue_name=cell.placement.queue,
         flow_run_name=f"build-{spec.name}-{spec.version}-{cell.label}",
-        timeout=spec.export_timeout_s + spec.validation.timeout_s + QUEUE_WAIT_S,
+        timeout=spec.export_timeout_s + spec.validation.timeout_s + queue_wait_s,
         poll_interval=2,
     )
     state = flow_run.state
@@ -71,21 +101,29 @@ def dispatch_build(
 
 
 @task(name="summarize-matrix")
-def summarize_matrix(spec: BuildSpec, cells: list[MatrixCell], states: list[State]) -> list[BundleRef]:
+def summarize_matrix(
+    spec: BuildSpec, cells: list[MatrixCell], states: list[State], skipped: dict[str, str] | None = None,
+) -> list[BundleRef]:
     """Attach a table of every build; raise ``BuildFailed`` naming each failed one, else return the bundles.
 
-    Pass ``states`` wrapped in ``prefect.utilities.annotations.quote`` so failed ones reach this task.
+    Pass ``states`` wrapped in ``prefect.utilities.annotations.quote`` so failed ones reach this task;
+    ``skipped`` maps the label of each cell left out to why (its row says so; it is no failure).
     """
-    rows, refs, failures = [], [], []
-    for cell, state in zip(cells, states, strict=False):
+    rows: list[dict[str, Any]] = []
+    refs, failures = [], []
+    for label, reason in (skipped or {}).items():
+        get_run_logger().warning("%s: skipped: %s", label, reason)
+        rows.append({"build": label, "state": "Skipped", "bundle": "-", "manifest sha256": "-", "why": reason})
+    for cell, state in zip([c for c in cells if c.label not in (skipped or {})], states, strict=True):
         if state.is_completed():
             ref = BundleRef.model_validate(state.result())
             refs.append(ref)
             rows.append({"build": cell.label, "state": state.name, "bundle": ref.key.prefix,
-                         "manifest sha256": ref.manifest_sha256})
+                         "manifest sha256": ref.manifest_sha256, "why": ""})
         else:
             failures.append(f"{cell.label}: {state.name}: {state.message}")
-            rows.append({"build": cell.label, "state": state.name, "bundle": "-", "manifest sha256": "-"})
+            rows.append({"build": cell.label, "state": state.name, "bundle": "-", "manifest sha256": "-",
+                         "why": state.message})
     create_table_artifact(rows, key=artifact_key("matrix", spec.name, spec.version),
                           description=f"Build matrix of {spec.name} {spec.version}")
     if failures:

@@ -1,4 +1,4 @@
-"""Prefect events about bundles: published, promoted, pulled, and validations that failed.
+"""Prefect events about bundles: published, reused (a cache hit), promoted, pulled, and validations that failed.
 
 The bundle is the event's resource, with a ``prefect.resource.id`` that is the same for every
 event about one bundle of one store (``prefect-executorch.bundle.<store url>/<name>/<version>/<target>/<compat>``),
@@ -13,11 +13,14 @@ from typing import Any
 
 from prefect.events import emit_event
 
+from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.manifest import BundleKey
+from prefect_executorch.artifacts.registry import BundleRef
 
 PREFIX = "prefect-executorch"
 PUBLISHED = f"{PREFIX}.bundle.published"
 PROMOTED = f"{PREFIX}.bundle.promoted"
+REUSED = f"{PREFIX}.bundle.reused"
 PULLED = f"{PREFIX}.bundle.pulled"
 VALIDATION_FAILED = f"{PREFIX}.validation.failed"
 RESOURCE_PREFIX = f"{PREFIX}.bundle."
@@ -50,3 +53,21 @@ def emit_bundle_event(
     """Emit ``event`` about one bundle (a no-op where Prefect emits no events)."""
     emit_event(event, resource=bundle_resource(key, store_url, manifest_sha256, labels), payload=payload or {},
                related=related)
+
+
+def emit_reused(ref: BundleRef, how: str) -> None:
+    """A build that published nothing because an identical build's bundle is in the store (``how``: where it ran)."""
+    emit_bundle_event(REUSED, ref.key, ref.store, ref.manifest_sha256,
+                      payload={"manifest_key": ref.manifest_key, "how": how})
+
+
+def emit_promoted(record: AliasRecord, store_url: str) -> None:
+    """An alias moved (a promote that found the alias already there moved nothing and emits nothing)."""
+    name, alias = record.bundle_key().name, record.alias
+    emit_bundle_event(
+        PROMOTED, record.bundle_key(), store_url, record.manifest_sha256,
+        payload={"alias": alias, "moved_by": record.moved_by, "forced": record.forced, "overridden": record.overridden,
+                 "previous": record.previous.model_dump() if record.previous else None},
+        related=[{"prefect.resource.id": f"prefect-executorch.alias.{store_url}/{name}/{alias}",
+                  "prefect.resource.role": "alias", "prefect.resource.name": alias}],
+    )

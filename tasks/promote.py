@@ -13,7 +13,7 @@ from prefect_executorch.artifacts.promotion import PromotionRequest, promote_che
 from prefect_executorch.artifacts.reports import publish_promotion_artifact
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.tasks.assets import record_alias
-from prefect_executorch.tasks.events import PROMOTED, emit_bundle_event
+from prefect_executorch.tasks.events import emit_promoted
 
 if TYPE_CHECKING:
     from prefect.blocks.core import Block
@@ -34,13 +34,7 @@ def promote_alias(store: str | Block, request: PromotionRequest) -> AliasRecord:
         return record
     logger.info("%s%s", record.describe(), f" (was {record.previous.version})" if record.previous else "")
     publish_promotion_artifact(f"{name}-{version}-to-{alias}", record)
-    emit_bundle_event(
-        PROMOTED, record.bundle_key(), opened.url, record.manifest_sha256,
-        payload={"alias": alias, "moved_by": record.moved_by, "forced": record.forced, "overridden": record.overridden,
-                 "previous": record.previous.model_dump() if record.previous else None},
-        related=[{"prefect.resource.id": f"prefect-executorch.alias.{opened.url}/{name}/{alias}",
-                  "prefect.resource.role": "alias", "prefect.resource.name": alias}],
-    )
+    emit_promoted(record, opened.url)
     if record.forced:
         logger.warning("alias %s was forced onto %s %s over: %s", alias, name, version, "; ".join(record.overridden))
     record_alias(opened.url, alias, record.bundle_key())

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.registry import BundleRef, prepare_bundle, publish
+from prefect_executorch.artifacts.reports import publish_build_summary, publish_bundle_link
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.export.fingerprint import BuildFingerprint
@@ -39,6 +40,10 @@ def publish_bundle(
         "manifest_key": ref.manifest_key, "validation_passed": manifest.validation.passed,
         "validation_cases": manifest.validation.cases, "worst": manifest.validation.worst},
         # A label, not only payload: automations match on resource labels (deployments/prefect.yaml).
-        labels={"validated": str(manifest.validation.passed).lower()})
+        # `retrain`: built from weights fetched by URI, as a retrain does; the retrain promotes its bundles itself once
+        # the whole matrix validated, so the staging automation leaves them alone.
+        labels={"validated": str(manifest.validation.passed).lower(), "retrain": str(weights_uri is not None).lower()})
+    publish_bundle_link(ref, "published")
+    publish_build_summary(ref, report, export.seconds)
     record_bundle(ref.store, ref.key, weights_uri)
     return ref

@@ -30,12 +30,13 @@ def _validate(
 ) -> ValidationReport:
     report = validate_program(spec, bundle_dir, data_files, scratch_dir=scratch_dir, delegation=delegation,
                               bundled_out=bundled_out)
-    publish_validation_artifacts(title, report, spec.card)
+    key = f"{spec.name}-{spec.target_name}"
+    publish_validation_artifacts(title, key, report, spec.card)
     get_run_logger().info("validation of %s %s: %s", title, "passed" if report.passed else "FAILED",
                           report.describe_worst())
     triage = triage_failure(spec, report, bundle_dir, data_files, scratch_dir=scratch_dir)  # None for a pass
     if triage is not None:
-        publish_triage_artifact(title, triage)
+        publish_triage_artifact(title, key, triage)
     require_passed(report, triage)
     return report
 

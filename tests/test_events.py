@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prefect import flow
 
 from prefect_executorch.artifacts.store import LocalStore
@@ -16,7 +20,7 @@ from prefect_executorch.flows.promote import promote as promote_flow
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.tasks.assets import asset_uri, bundle_asset_key
-from prefect_executorch.tasks.events import PROMOTED, PUBLISHED, PULLED, VALIDATION_FAILED
+from prefect_executorch.tasks.events import PROMOTED, PUBLISHED, PULLED, REUSED, VALIDATION_FAILED
 from prefect_executorch.tasks.pull import pull_bundle
 
 from helpers import spec_data
@@ -88,6 +92,7 @@ def test_publish_promote_pull_and_a_failed_validation_are_events_about_the_bundl
     assert sha256_file(tmp_path / "pulled" / "manifest.json") == ref.manifest_sha256
     assert published.payload["validation_passed"] is True and published.payload["manifest_key"] == ref.manifest_key
     assert published.resource["prefect-executorch.validated"] == "true"  # what the staging trigger matches
+    assert published.resource["prefect-executorch.retrain"] == "false"  # a build, not a retrain: staging moves
     assert promoted.payload["alias"] == "prod" and promoted.payload["forced"] is False
     assert promoted.payload["moved_by"] == record.moved_by and promoted.payload["previous"] is None
     related = {r.role: r.id for r in promoted.related}
@@ -107,3 +112,36 @@ def test_publish_promote_pull_and_a_failed_validation_are_events_about_the_bundl
     assert {(r.role, r.id) for r in alias_event.related} >= {("asset", bundle_asset),
                                                              ("asset-materialized-by", "prefect-executorch")}
 
+
+def test_a_cache_hit_and_the_clis_commands_are_events_and_a_link_to_the_bundle(tmp_path: Path) -> None:
+    """A rebuild that exports nothing says so, from a flow and from the CLI; the CLI's promote emits like the flow's."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.settings import PREFECT_API_URL
+
+    store = LocalStore(tmp_path / "store")
+    data = spec_data("mlp", methods=MLP, validation={"samples": 1, "latency_runs": 0})
+    ref = build_bundle(parse_spec(data), store=store.url)
+    assert build_bundle(parse_spec(data), store=store.url).manifest_sha256 == ref.manifest_sha256
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(data))
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    for command in (["build", str(spec_file)], ["promote", "mlp", "1", "--alias", "prod"]):
+        done = subprocess.run([sys.executable, "-m", "prefect_executorch.cli", *command, "--store", store.url], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    events = bundle_events(store.url, expected=4)
+    assert [(e.event, e.payload.get("how")) for e in events] == [
+        (PUBLISHED, None), (REUSED, "flow"), (REUSED, "cli"), (PROMOTED, None)]
+    assert all(e.resource["prefect-executorch.manifest-sha256"] == ref.manifest_sha256 for e in events)
+    assert events[3].payload["alias"] == "prod"
+    with get_client(sync_client=True) as client:
+        links = [link for link in client.read_artifacts(
+                 artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["bundle-mlp-xnnpack"])))
+                 if store.url in str(link.data)]  # this test's builds (the session's other tests build mlp too)
+    assert sorted(link.description.split(";")[0] for link in links) == [
+        "cache hit: an identical build's bundle, nothing exported", "published"]
+    key = ref.key
+    assert {link.data for link in links} == {
+        f"[mlp 1 xnnpack/{key.compat}]({store.url.rstrip('/')}/{ref.manifest_key})"}

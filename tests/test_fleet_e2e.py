@@ -1,9 +1,10 @@
 """The fleet for real: `prefect server start`, `prefect-executorch deploy`, workers as subprocesses.
 
 One server, one CPU worker and a SeaweedFS bucket as the store for the module; a deployed matrix
-build, an event-triggered retrain that moves `staging`, a run refused by a worker whose pool's
-channel this machine does not have, and the automations: a publish event moves `staging`, a failed
-validation posts to a notification webhook. Every process is started with Popen and stopped by its pid.
+build, an event-triggered retrain that moves `staging-<compat>`, a run refused by a worker whose pool's
+channel this machine does not have, and the automations: a publish event moves `staging-<compat>`, a
+failed validation posts to a notification webhook, a flow run whose process dies is marked Crashed.
+Every process is started with Popen and stopped by its pid.
 """
 
 from __future__ import annotations
@@ -275,11 +276,13 @@ def test_retrain_event_builds_the_new_weights(fleet: Fleet, tmp_path: Path) -> N
     store = open_store(fleet.store)
     manifest = pull(store, key, tmp_path / "pulled")
     assert manifest.weights_sha256 == sha and manifest.validation.passed
-    staging = read_alias(store, MODEL, "staging")
-    assert staging is not None, "the retrain did not move staging"
+    staging = read_alias(store, MODEL, f"staging-{key.compat}")
+    assert staging is not None, "the retrain did not move staging-<compat>"
     assert staging[0].bundle_key() == key and staging[0].validation_passed
     # Before: nothing, or a bundle the staging automation moved it to on an earlier publish.
     assert staging[0].previous is None or staging[0].previous.version != version
+    # The retrain's own publish is not the staging automation's: the retrain promotes once its matrix validated.
+    assert [r for r in _runs_of(fleet, "promote-bundle/staging") if r.parameters.get("version") == version] == []
 
 
 def test_worker_refuses_a_run_for_a_channel_it_lacks(fleet: Fleet) -> None:
@@ -319,6 +322,42 @@ def test_a_crashing_build_fails_its_run_and_the_worker_takes_the_next(fleet: Fle
     assert "after-crash" in published and "crashes" not in published
 
 
+LOST_RUN = """
+import time
+from prefect import flow, tags
+
+@flow(name="lost-node-probe")
+def hang() -> None:
+    time.sleep(3600)
+
+with tags("executorch"):
+    hang()
+"""
+
+
+def test_a_flow_run_whose_process_dies_is_marked_crashed(fleet: Fleet) -> None:
+    """No worker is left to report it (as when a node is lost): the deployed automation sees the heartbeats stop."""
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    process = fleet.start("lost-run", [sys.executable, "-c", LOST_RUN], PREFECT_FLOWS_HEARTBEAT_FREQUENCY="30")
+    deadline = time.monotonic() + 120
+    with _client(fleet) as client:
+        while True:
+            runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["lost-node-probe"])))
+            if runs and runs[0].state and runs[0].state.is_running():
+                break
+            assert time.monotonic() < deadline, _tail(fleet.home / "lost-run.log")
+            time.sleep(1)
+    os.kill(process.pid, signal.SIGKILL)
+    lost = time.monotonic()
+    run = _wait_final(fleet, runs[0].id, 300)
+    noticed = time.monotonic() - lost
+    assert run.state.is_crashed(), f"{run.state.name}: {run.state.message}"
+    assert "No heartbeat for 90 s" in (run.state.message or "")
+    # The last heartbeat came at most 30 s before the kill; the trigger fires 90 s after it.
+    assert 55 <= noticed <= 240, f"noticed after {noticed:.0f} s"
+
+
 def _runs_of(fleet: Fleet, deployment: str) -> list[Any]:
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
@@ -345,9 +384,9 @@ def test_a_publish_event_moves_staging(fleet: Fleet) -> None:
     (run,) = runs
     assert run.state.is_completed(), f"{run.state.message}\n{_tail(fleet.home / 'worker-cpu.log')}"
     assert run.parameters["compat"] == key.compat and run.parameters["target"] == "xnnpack"
-    assert run.parameters["name"] == MODEL and run.parameters["alias"] == "staging"
-    staging = read_alias(store, MODEL, "staging")
-    assert staging is not None and staging[0].bundle_key() == key, "the publish event did not move staging"
+    assert run.parameters["name"] == MODEL and run.parameters["alias"] == f"staging-{key.compat}"
+    staging = read_alias(store, MODEL, f"staging-{key.compat}")
+    assert staging is not None and staging[0].bundle_key() == key, "the publish event did not move staging-<compat>"
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -89,11 +91,23 @@ def test_a_retrained_bundle_carries_its_lineage_and_card(tmp_path: Path) -> None
     work_tree = MODELS.parent.parent
     assert lineage.git is not None and lineage.git.commit == git(work_tree, "rev-parse", "HEAD")
     assert manifest.card is not None and manifest.card.model_dump() == CARD
-    found = read_alias(store, "mlp", "staging")
+    found = read_alias(store, "mlp", f"staging-{key.compat}")
     assert found is not None and found[0].version == record.version and record.previous is None
 
-    with get_client(sync_client=True) as client:
-        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=[artifact_key("validation", f"mlp-{key.version}-xnnpack")])), limit=1)
-    assert "## Model card" in str(artifact.data) and "**License:** Apache-2.0" in str(artifact.data)
-    assert "Random weights; predicts nothing." in str(artifact.data)
+    def artifact(key_: str) -> Any:
+        with get_client(sync_client=True) as client:
+            (found_,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key_])), limit=1)
+        return found_
+
+    # Keyed per model and target, not version: each artifact's history is the model's builds on that target.
+    report = artifact(artifact_key("validation", "mlp-xnnpack"))
+    assert "## Model card" in str(report.data) and "**License:** Apache-2.0" in str(report.data)
+    assert "Random weights; predicts nothing." in str(report.data)
+    assert report.description.startswith("PASSED: validation of mlp-")
+    table = json.loads(artifact(artifact_key("validation-table", "mlp-xnnpack")).data)
+    assert list(table[0])[0] == "result" and table[0]["result"] == "pass"  # the verdict first
+    assert all(isinstance(value, str) and len(value) < 60 for row in table for value in row.values())
+    summary = str(artifact(artifact_key("build", "mlp", "xnnpack")).data)
+    assert summary.startswith(f"# mlp {key.version} xnnpack: PUBLISHED")
+    assert f"`{key.compat}`" in summary and manifest.validation.worst.split(":")[0] in summary
+    assert "forward 100%" in summary  # the delegated share, as the report counted it

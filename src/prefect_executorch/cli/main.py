@@ -189,6 +189,10 @@ def build(
             with stage("probe"):
                 toolchain = probe_cached()
         ref = _published_build(spec, opened, toolchain)
+        if ref is not None and _server_configured():
+            from prefect_executorch.tasks.events import emit_reused
+
+            emit_reused(ref, "cli")
         if ref is None:
             from prefect_executorch.cli.embedded import embedded_settings
             from prefect_executorch.flows.build import build_bundle
@@ -262,6 +266,15 @@ class LiveView:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds  # the flow probes again after the CLI's check
         mark = "[green]done[/]" if event == "done" else "[red]failed[/]"
         self._progress.update(self._rows[name], completed=1, description=f"{name} {mark}")
+
+
+def _server_configured() -> bool:
+    """Whether ``PREFECT_API_URL`` names a Prefect server: where a command Prefect does not run still emits its event.
+
+    The environment only (what workers and CI set): reading Prefect's profiles would import Prefect into
+    the cache-hit path, which answers without it.
+    """
+    return bool(os.environ.get("PREFECT_API_URL"))
 
 
 def _published_build(spec: Any, store: Any, toolchain: Any) -> Any:
@@ -589,6 +602,10 @@ def promote(
     previous = record.previous
     was = f" (was {previous.version} {previous.target}/{previous.compat})" if previous else ""
     console.print(f"[bold green]promoted[/] {record.describe()}{was}")
+    if _server_configured():
+        from prefect_executorch.tasks.events import emit_promoted
+
+        emit_promoted(record, opened.url)
     for line in record.overridden:
         console.print(f"[yellow]forced over:[/] {escape(line)}")
 

@@ -68,12 +68,11 @@ class RetrainRequest(BaseModel):
 
 
 def promotion_aliases(alias: str, keys: list[BundleKey]) -> list[tuple[str, BundleKey]]:
-    """The alias each bundle of a retrain moves: ``alias`` for a single bundle, ``<alias>-<compat>`` for several.
+    """The alias each bundle of a retrain moves: ``<alias>-<compat>``, as the staging automation names it.
 
-    An alias points at one bundle, and the bundles of one version differ by compat key.
+    An alias points at one bundle, and the bundles of one version differ by compat key; naming the
+    compat key whatever the matrix's size keeps one name per target when cells are added or skipped.
     """
-    if len(keys) == 1:
-        return [(alias, keys[0])]
     return [(f"{alias}-{key.compat}", key) for key in keys]
 
 

@@ -31,6 +31,9 @@ WORKER_TYPE = "executorch"
 TOOLCHAIN_ENV = "PREFECT_EXECUTORCH_WORKER_TOOLCHAIN"
 #: The GPU index this worker is pinned to; its runs see only that GPU.
 WORKER_GPU_ENV = "PREFECT_EXECUTORCH_WORKER_GPU"
+#: Seconds between a run's heartbeats (Prefect's default is 180, its floor 30): the lost-run automation
+#: of deployments/automations.yaml marks a run Crashed after 90 s without one.
+HEARTBEAT_S = 30
 #: Flow-run label prefix for what the worker advertises.
 LABEL_PREFIX = "executorch."
 
@@ -150,6 +153,7 @@ class ExecutorchWorker(ProcessWorker):
             if task_status is not None:
                 task_status.started(-1)
             return ProcessWorkerResult(status_code=0, identifier="refused")
+        configuration.env.setdefault("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", str(HEARTBEAT_S))
         if self.gpu_index is not None:
             # The run's environment, not a setting read: CUDA's own variable and the GPU setting of the flow run.
             configuration.env.update({"CUDA_VISIBLE_DEVICES": str(self.gpu_index), GPU_ENV: str(self.gpu_index)})
