@@ -12,13 +12,13 @@ from prefect_executorch.artifacts.rebuild import PublishedBuild, check_rebuild
 from prefect_executorch.artifacts.registry import BundleRef
 from prefect_executorch.artifacts.reports import publish_bundle_link
 from prefect_executorch.artifacts.urls import open_store
-from prefect_executorch.errors import ValidationFailed
+from prefect_executorch.errors import ExportFailed, ValidationFailed
 from prefect_executorch.fleet.gpus import gpu_slot
 from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.targets import needs_cuda
 from prefect_executorch.tasks.cache import BuildCachePolicy
-from prefect_executorch.tasks.events import VALIDATION_FAILED, emit_bundle_event, emit_reused
+from prefect_executorch.tasks.events import EXPORT_FAILED, VALIDATION_FAILED, emit_bundle_event, emit_reused
 from prefect_executorch.tasks.export import export_model
 from prefect_executorch.tasks.publish import publish_bundle
 from prefect_executorch.tasks.validate import validate_export
@@ -53,12 +53,15 @@ def build_and_publish(
     with gpu_slot(needs_cuda(spec.target_name)) as slot:
         if slot:
             get_run_logger().info("holding GPU slot %s", slot)
-        export = export_model(spec, output_root)
+        key = BundleKey.of(spec.name, spec.version, spec.target_name, compat)
+        try:
+            export = export_model(spec, output_root)
+        except ExportFailed as exc:
+            emit_bundle_event(EXPORT_FAILED, key, published.store_url, payload={"error": str(exc).splitlines()[0]})
+            raise
         try:
             report = validate_export(spec, export, output_root)
         except ValidationFailed as exc:
-            emit_bundle_event(VALIDATION_FAILED, BundleKey.of(spec.name, spec.version, spec.target_name, compat),
-                              published.store_url,
-                              payload={"error": str(exc).splitlines()[0]})
+            emit_bundle_event(VALIDATION_FAILED, key, published.store_url, payload={"error": str(exc).splitlines()[0]})
             raise
     return publish_bundle(spec, toolchain, export, report, store, published.inputs, weights_uri, training_run, compat)

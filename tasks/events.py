@@ -1,4 +1,4 @@
-"""Prefect events about bundles: published, reused (a cache hit), promoted, pulled, and validations that failed.
+"""Prefect events about bundles: published, reused (a cache hit), promoted, pulled, and exports and validations that failed.
 
 The bundle is the event's resource, with a ``prefect.resource.id`` that is the same for every
 event about one bundle of one store (``prefect-executorch.bundle.<store url>/<name>/<version>/<target>/<compat>``),
@@ -23,6 +23,7 @@ PROMOTED = f"{PREFIX}.bundle.promoted"
 REUSED = f"{PREFIX}.bundle.reused"
 PULLED = f"{PREFIX}.bundle.pulled"
 VALIDATION_FAILED = f"{PREFIX}.validation.failed"
+EXPORT_FAILED = f"{PREFIX}.export.failed"
 RESOURCE_PREFIX = f"{PREFIX}.bundle."
 
 

@@ -66,6 +66,7 @@ SMOKE_RUNS = [
     ("validation_cost.py", ["--repeats", "3"], "validation_cost"),
     ("scaling.py", ["--sizes-mb", "1", "5"], "scaling"),
     ("quantization.py", ["--smoke", "--rounds", "3", "--runs", "5"], "quantization"),
+    ("fleet.py", ["--smoke"], "fleet"),
 ]
 
 

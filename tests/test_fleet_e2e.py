@@ -432,6 +432,7 @@ def test_a_failed_validation_notifies_the_configured_block(fleet: Fleet, tmp_pat
             time.sleep(1)
         text = json.loads(_Hook.received[0])["text"]
         assert "validation failed for small-convnet too-tight portable/" in text and "atol=0" in text
+        assert f"/runs/flow-run/{failed.id}" in text  # a link to the failed build's run
         assert not [o.key for o in open_store(fleet.store).list(f"{MODEL}/too-tight/")]
     finally:
         server.shutdown()

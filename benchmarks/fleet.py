@@ -1,0 +1,213 @@
+"""Fleet throughput on PostgreSQL: K workers taking N small builds submitted at once through the deployment.
+
+A real PostgreSQL (Debian's, started here on loopback as user ``nobody``, in a temporary folder, trust
+auth) under ``prefect server start``; ``prefect-executorch deploy`` of the ``build-bundle/cpu``
+deployment (pool ``cpu``, type ``executorch``); K = 1 … the machine's cores ``prefect-executorch
+worker --pool cpu --limit 1`` processes; N builds of the demo ConvNet (each its own version: no cache
+hit) created at once. For each K: the makespan (first creation to last end), throughput (builds per
+minute), p50/p95 queue wait (a run's start minus its creation) and each run's final state, counted as
+observed: completed, failed, crashed, and stuck (not final at the deadline). In the run with the
+most workers, one worker is killed with SIGKILL once the first build completed; its runs are counted
+like any other (a lost run shows as crashed or stuck).
+
+The last line is ``RESULT fleet ratio=<throughput(K max) / (K max × throughput(K=1))> goal=>=0.8``:
+workers must add throughput close to linearly up to the machine's cores, with no run lost or stuck
+(a stuck or lost run fails the goal whatever the ratio). ``--smoke``: N=2, K=1 only (the harness runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import report  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+GOAL = 0.8
+
+
+def free_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Fleet:
+    """PostgreSQL, a Prefect server on it, and the workers, all under one temporary folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pg_port, self.api_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.api_port}/api"
+        self.env = {**os.environ, "PREFECT_HOME": str(root / "home"), "PREFECT_API_URL": self.url,
+                    "PREFECT_SERVER_DATABASE_CONNECTION_URL":
+                        f"postgresql+asyncpg://prefect@127.0.0.1:{self.pg_port}/postgres",
+                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+                    "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+                    "PREFECT_EXECUTORCH_STORE": str(root / "store")}
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        with open(self.root / f"{name}.log", "wb") as log:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def start_postgres(self) -> None:
+        data, sockets = self.root / "pg", self.root / "sock"
+        sockets.mkdir()
+        os.chmod(self.root, 0o755)
+        os.chmod(sockets, 0o777)
+        data.mkdir()
+        shutil.chown(data, 65534, 65534)
+        subprocess.run([*NOBODY, "initdb", "-D", str(data), "-U", "prefect", "--auth=trust", "-E", "UTF8"],
+                       check=True, capture_output=True, env={**os.environ, "HOME": str(self.root)})
+        subprocess.run([*NOBODY, "pg_ctl", "-D", str(data), "-w", "-l", str(data / "postgres.log"), "-o",
+                        f"-h 127.0.0.1 -p {self.pg_port} -k {sockets} -c max_connections=200", "start"],
+                       check=True, capture_output=True)
+
+    def stop_postgres(self) -> None:
+        subprocess.run([*NOBODY, "pg_ctl", "-D", str(self.root / "pg"), "-m", "fast", "stop"], capture_output=True)
+
+    def start_server(self, timeout: float = 180) -> None:
+        proc = self.start("server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                                     "--port", str(self.api_port), "--analytics-off", "--no-ui"])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError((self.root / "server.log").read_text()[-3000:])
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError("prefect server not healthy")
+
+    def deploy(self) -> None:
+        config = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+        config["deployments"] = [d for d in config["deployments"] if d["name"] == "cpu"]
+        path = self.root / "prefect.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        # With the shipped automations: a run whose process dies is marked Crashed, not left Running.
+        done = subprocess.run([*CLI, "deploy", "--prefect-file", str(path)], cwd=ROOT, env=self.env,
+                              capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(done.stdout + done.stderr)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self.stop_postgres()
+
+
+def spec(version: str) -> dict[str, Any]:
+    data = yaml.safe_load((ROOT / "examples" / "convnet" / "spec.yaml").read_text())
+    model = data["model"].split(":")
+    return {**data, "version": version, "model": f"{ROOT / 'examples' / 'convnet' / model[0]}:{model[1]}",
+            "validation": {**data.get("validation", {}), "samples": 1, "latency_runs": 0}}
+
+
+def run_batch(fleet: Fleet, workers: int, builds: int, kill_one: bool, deadline_s: float) -> dict[str, Any]:
+    """Start ``workers`` workers, create ``builds`` runs at once, wait for them; every run's outcome."""
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    procs = [fleet.start(f"worker-k{workers}-{i}", [*CLI, "worker", "--pool", "cpu", "--limit", "1",
+                                                     "--name", f"bench-k{workers}-{i}"]) for i in range(workers)]
+    with temporary_settings(updates={PREFECT_API_URL: fleet.url}), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("build-bundle/cpu")
+        started = time.time()
+        ids = [client.create_flow_run_from_deployment(
+            deployment.id, parameters={"spec": spec(f"k{workers}-{i}-{int(started)}"), "store": str(fleet.root / "store")}).id
+            for i in range(builds)]
+        killed = None
+        deadline = time.monotonic() + deadline_s
+        while True:
+            runs = [client.read_flow_run(i) for i in ids]
+            final = [r for r in runs if r.state and r.state.is_final()]
+            if kill_one and killed is None and any(r.state.is_completed() for r in final):
+                procs[0].send_signal(signal.SIGKILL)
+                killed = time.time() - started
+            if len(final) == len(runs) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(30)
+    states = [r.state.type.value if r.state and r.state.is_final() else "STUCK" for r in runs]
+    waits = [(r.start_time - r.created).total_seconds() for r in runs if r.start_time and r.created]
+    ends = [r.end_time.timestamp() for r in runs if r.end_time]
+    makespan = (max(ends) - started) if ends else float("nan")
+    completed = states.count("COMPLETED")
+    return {
+        "workers": workers, "builds": builds, "makespan_s": round(makespan, 1),
+        "throughput_per_min": round(60 * completed / makespan, 2) if ends else 0.0,
+        "queue_wait_p50_s": round(statistics.median(waits), 1) if waits else None,
+        "queue_wait_p95_s": round(sorted(waits)[min(len(waits) - 1, int(0.95 * len(waits)))], 1) if waits else None,
+        "completed": completed, "failed": states.count("FAILED"), "crashed": states.count("CRASHED"),
+        "stuck": states.count("STUCK"), "other": len(states) - completed - states.count("FAILED")
+        - states.count("CRASHED") - states.count("STUCK"),
+        "worker_killed_at_s": round(killed, 1) if killed is not None else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--builds", type=int, default=24)
+    parser.add_argument("--smoke", action="store_true", help="2 builds, 1 worker: the harness runs, the goal is not judged")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    counts = [1] if args.smoke else sorted({1, *range(2, cores + 1)})
+    builds = 2 if args.smoke else args.builds
+    root = Path(tempfile.mkdtemp(prefix="prefect-executorch-fleet-"))
+    fleet = Fleet(root)
+    figures: dict[str, Any] = {"cores": cores, "database": "PostgreSQL (loopback, trust auth)"}
+    try:
+        fleet.start_postgres()
+        fleet.start_server()
+        fleet.deploy()
+        batches = [run_batch(fleet, k, builds, kill_one=k == max(counts) and k > 1, deadline_s=60 * builds)
+                   for k in counts]
+    finally:
+        fleet.stop()
+        logs = {p.name: p.read_text(errors="replace")[-2000:] for p in root.glob("*.log")}
+        shutil.rmtree(root, ignore_errors=True)
+    figures["batches"] = batches
+    print(json.dumps(batches, indent=2))
+    one, most = batches[0], batches[-1]
+    ratio = most["throughput_per_min"] / (most["workers"] * one["throughput_per_min"]) if one["throughput_per_min"] else 0.0
+    lost = sum(b["stuck"] + b["crashed"] + b["failed"] + b["other"] for b in batches)
+    figures["runs_not_completed"] = lost
+    if lost:
+        figures["logs_tail"] = logs
+        ratio = 0.0  # a lost or stuck run fails the goal whatever the throughput
+    return 0 if report("fleet", ratio, f">={GOAL:g}", figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
