@@ -20,6 +20,9 @@ threshold (0: memory handed back at every synchronisation), so the difference is
 ``--profile-calls`` program calls at batch 1 run under ``torch.profiler`` for each pool setting, and the
 events that took most GPU and host time are recorded: where a call's time goes.
 
+``--precision bf16`` (or fp16) builds with ``target.precision`` set; eager and ``torch.compile`` then compute
+in that type behind float32 inputs and outputs as the program does (the target's own wrapper).
+
 The last line is ``RESULT gpu_latency ratio=<worst program p50 / eager CUDA p50 at batch 1> goal=<=1.0``:
 the program must be no slower than eager CUDA at batch 1 for every model (the goal the `cuda` target was
 asked to meet; eager CUDA is the baseline a user would otherwise deploy).
@@ -56,10 +59,11 @@ MODELS: dict[str, tuple[str, list[int], str, int | None]] = {
 }
 
 
-def spec_for(name: str) -> BuildSpec:
+def spec_for(name: str, precision: str = "fp32") -> BuildSpec:
     model, shape, dtype, high = MODELS[name]
     source = {"name": "x", "shape": [LARGEST, *shape[1:]], "dtype": dtype, "dynamic": {0: {"min": 1, "max": LARGEST}}}
-    return parse_spec({"name": f"gpu-{name}", "version": "1", "model": model, "target": "cuda",
+    return parse_spec({"name": f"gpu-{name}", "version": "1", "model": model,
+                       "target": {"kind": "cuda", "precision": precision},
                        "methods": {"forward": {"inputs": [{**source, **({"high": high} if high else {})}]}},
                        "validation": {"samples": 1, "latency_runs": 0}})
 
@@ -132,16 +136,18 @@ def top_events(call: Callable[[], Any], calls: int) -> dict[str, list[dict[str, 
             for column in ("device_us_per_call", "host_us_per_call")}
 
 
-def measure(name: str, export_dir: Path, data: Path, rounds: int, calls: int, profile_calls: int) -> dict[str, Any]:
+def measure(spec: BuildSpec, name: str, export_dir: Path, data: Path, rounds: int, calls: int,
+            profile_calls: int) -> dict[str, Any]:
     """Every side at batch 1 and at the largest batch, and the profile of the program at batch 1."""
     import torch
 
     from prefect_executorch.machine.runtimes import runtime_extension
     from prefect_executorch.spec.modelref import load_model
+    from prefect_executorch.targets.cuda import for_precision
 
-    spec = spec_for(name)
     program = runtime_extension()._load_for_executorch(str(export_dir / "model.pte"), str(data))
-    model = load_model(spec).cuda().eval()
+    # Eager and torch.compile compute in the program's type, behind the same float32 interface.
+    model = for_precision(load_model(spec), None, spec.target.precision)[0].cuda().eval()  # type: ignore[attr-defined]
     started = time.perf_counter()
     compiled = torch.compile(model)
     figures: dict[str, Any] = {}
@@ -180,6 +186,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--profile-calls", type=int, default=50, help="program calls profiled per pool setting (0: none)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     args = parser.parse_args()
 
@@ -194,11 +201,12 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name(0), "driver": toolchain.driver_version, "torch": torch.__version__,
         "executorch": toolchain.executorch, "runtime": toolchain.tensorrt_executorch_runtime,
         "runtime_backends": toolchain.runtime_backends, "rounds": args.rounds, "calls_per_round": args.calls,
+        "precision": args.precision,
     }
     ratios = {}
     with tempfile.TemporaryDirectory(prefix="gpu-latency-") as scratch:
         for name in args.models:
-            spec = spec_for(name)
+            spec = spec_for(name, args.precision)
             started = time.perf_counter()
             export = export_program(spec, Path(scratch))
             exported = time.perf_counter()
@@ -210,7 +218,7 @@ def main() -> int:
                 "validate_s": round(time.perf_counter() - exported, 1),
                 "pte_bytes": (export.path / export.program).stat().st_size, "ptd_bytes": data.stat().st_size,
                 "delegates": export.delegates(), "notes": export.warnings,
-                **measure(name, export.path, data, args.rounds, args.calls, args.profile_calls),
+                **measure(spec, name, export.path, data, args.rounds, args.calls, args.profile_calls),
             }
             at_one = model_figures["batch1"]
             ratios[name] = at_one["program"]["p50"]["median_ms"] / at_one["eager_cuda"]["p50"]["median_ms"]
