@@ -95,9 +95,11 @@ def test_a_retrained_bundle_carries_its_lineage_and_card(tmp_path: Path) -> None
     assert found is not None and found[0].version == record.version and record.previous is None
 
     def artifact(key_: str) -> Any:
+        """This build's artifact under ``key_`` (the session's other mlp builds share the key: its history)."""
         with get_client(sync_client=True) as client:
-            (found_,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key_])), limit=1)
-        return found_
+            found_ = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key_])))
+        (mine, *_) = [a for a in found_ if key.version in f"{a.description} {a.data}"]
+        return mine
 
     # Keyed per model and target, not version: each artifact's history is the model's builds on that target.
     report = artifact(artifact_key("validation", "mlp-xnnpack"))
