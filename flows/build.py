@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 from prefect import flow
@@ -11,6 +9,7 @@ from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.registry import BundleRef
 from prefect_executorch.fleet.placement import Placement
+from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.build import build_and_publish, check_published
 from prefect_executorch.tasks.cache import resolve_result_storage
@@ -36,12 +35,12 @@ def build_bundle(
     ``placement`` is checked against this worker's toolchain before any work. ``weights_uri``
     (``s3://...`` or a path, verified against ``weights_sha256``) replaces the spec's weights,
     fetched into the output directory; it and ``training_run`` go into the manifest's lineage. Exports go to fresh
-    directories under ``output``; without one, a temporary directory is used and removed.
+    directories under ``output``; without one, in a scratch directory removed when the run ends
+    (``prefect_executorch.scratch``).
     ``result_storage`` (a directory or ``block:<type>/<name>``; default ``$PREFECT_EXECUTORCH_RESULT_STORAGE``)
     holds the cache records.
     """
-    output_root = Path(output) if output else Path(tempfile.mkdtemp(prefix="prefect-executorch-"))
-    try:
+    with scratch_dir("build", Path(output) if output else None) as output_root:
         toolchain = probe_toolchain()
         if placement is not None:
             check_placement(spec, placement, toolchain)
@@ -57,7 +56,3 @@ def build_bundle(
         if storage is not None:
             build = build.with_options(result_storage=storage)
         return build(spec, toolchain, compat, store, published, output_root, weights_uri, training_run)
-    finally:
-        if output is None:
-            shutil.rmtree(output_root, ignore_errors=True)
-

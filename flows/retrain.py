@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 from prefect import flow
@@ -13,6 +11,7 @@ from prefect_executorch.artifacts.promotion import PromotionRequest
 from prefect_executorch.fleet.placement import MatrixCell
 from prefect_executorch.fleet.retrain import parse_request, promotion_aliases
 from prefect_executorch.flows.matrix import build_matrix
+from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.dispatch import QUEUE_WAIT_S, MissingPoolPolicy
 from prefect_executorch.tasks.promote import promote_alias
@@ -47,8 +46,7 @@ def retrain(
     request = parse_request({"name": name, "weights_uri": weights_uri, "version": version, "weights_sha256": weights_sha256,
                              "training_run": training_run})
     request.check_spec(spec)
-    work_dir = Path(output) if output else Path(tempfile.mkdtemp(prefix="prefect-executorch-retrain-"))
-    try:
+    with scratch_dir("retrain", Path(output) if output else None) as work_dir:
         # Fetched here first: a bad URI or checksum fails before any worker is busy, and the
         # weights' hash fixes the version every build publishes under.
         fetched = fetch_weights(request.weights_uri, work_dir, request.weights_sha256)
@@ -56,9 +54,6 @@ def retrain(
         refs = build_matrix(versioned, targets, store, weights_uri=request.weights_uri,
                             weights_sha256=fetched.sha256, output=output, training_run=request.training_run,
                             on_missing_pool=on_missing_pool, queue_wait_s=queue_wait_s)
-    finally:
-        if output is None:
-            shutil.rmtree(work_dir, ignore_errors=True)
     return [
         # New weights change the outputs by design: the side-by-side gates latency only.
         promote_alias(store, PromotionRequest(name=key.name, version=key.version, alias=name_of_alias, target=key.target,

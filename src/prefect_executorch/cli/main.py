@@ -411,10 +411,8 @@ def validate(
     as_json: bool = typer.Option(False, "--json", help="Print the whole report as JSON instead of the tables."),
 ) -> None:
     """Run a program and the eager model on the same inputs; exit 1 on a mismatch or a failed gate."""
-    import shutil
-    import tempfile
-
     from prefect_executorch.errors import SpecError
+    from prefect_executorch.scratch import scratch_dir
     from prefect_executorch.spec.buildspec import load_spec
     from prefect_executorch.validate.triage import triage_failure
     from prefect_executorch.validate.validator import require_passed, validate_program
@@ -424,8 +422,7 @@ def validate(
     spec = load_spec(spec_path)
     spec.check_model_reference()
     _start_children(ctx)
-    root = output or Path(tempfile.mkdtemp(prefix="prefect-executorch-validate-"))
-    try:
+    with scratch_dir("validate", output) as root:
         if bundle is not None:
             from prefect_executorch.artifacts.locate import parse_manifest_url, pull_fresh
             from prefect_executorch.artifacts.urls import open_store
@@ -451,9 +448,6 @@ def validate(
         else:
             print_report(report)
         require_passed(report, triage_failure(spec, report, bundle_dir, data_files, scratch_dir=root))
-    finally:
-        if output is None:
-            shutil.rmtree(root, ignore_errors=True)
     if not as_json:
         console.print("[bold green]validation passed[/]")
 

@@ -1,0 +1,81 @@
+"""Scratch directories go with their run: removed when it ends, swept by the next run when it was killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prefect_executorch.scratch import OWNER, PREFIX, scratch_dir, sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _owned(root: Path, name: str, owner: object) -> Path:
+    path = root / f"{PREFIX}{name}"
+    path.mkdir()
+    (path / "weights.pt").write_bytes(b"x" * 1024)
+    (path / OWNER).write_text(json.dumps(owner))
+    return path
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_only_directories_of_gone_owners_are_swept(tmp_path: Path) -> None:
+    gone = _owned(tmp_path, "build-gone", {"pid": _dead_pid(), "started": "1"})
+    live = _owned(tmp_path, "build-live", {"pid": os.getpid()})
+    # This process's pid with another start time: the owner died and its pid was given to someone else.
+    reused = _owned(tmp_path, "build-reused", {"pid": os.getpid(), "started": "0"})
+    unowned = tmp_path / f"{PREFIX}build-unowned"
+    unowned.mkdir()
+    other = tmp_path / "someone-else"
+    other.mkdir()
+    (other / OWNER).write_text(json.dumps({"pid": _dead_pid()}))
+    assert sorted(sweep(tmp_path)) == sorted([gone, reused])
+    assert live.is_dir() and unowned.is_dir() and other.is_dir()
+    assert not gone.exists() and not reused.exists()
+
+
+def test_a_scratch_directory_is_removed_whatever_ends_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    with pytest.raises(KeyboardInterrupt), scratch_dir("build") as path:
+        assert path.parent == tmp_path and json.loads((path / OWNER).read_text())["pid"] == os.getpid()
+        assert sweep(tmp_path) == [] and path.is_dir()  # its owner, this process, is alive: start time and all
+        raise KeyboardInterrupt
+    assert not path.exists()
+    kept = tmp_path / "out"
+    with scratch_dir("build", kept) as given:
+        assert given == kept
+    assert list(tmp_path.iterdir()) == []  # the given directory is the caller's: not created, not removed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_builds_scratch_is_removed_by_the_next_run(tmp_path: Path) -> None:
+    """SIGKILL (as the OOM killer or a lost node's reboot): no finally runs, so the next run sweeps it."""
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "home")}
+    build = subprocess.Popen([sys.executable, "-m", "prefect_executorch.cli", "build", "examples/convnet/spec.yaml",
+                              "--store", str(tmp_path / "store")], cwd=ROOT, env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 240
+    while not list(tmp_path.glob(f"{PREFIX}build-*/{OWNER}")):
+        assert build.poll() is None, build.stderr.read().decode() if build.stderr else ""
+        assert time.monotonic() < deadline, "the build made no scratch directory"
+        time.sleep(0.2)
+    os.killpg(build.pid, signal.SIGKILL)
+    build.wait(30)
+    (left,) = [p.parent for p in tmp_path.glob(f"{PREFIX}build-*/{OWNER}")]
+    assert sweep(tmp_path) == [left] and not left.exists()
