@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 from prefect import get_client, get_run_logger, task
 from prefect.artifacts import create_table_artifact
-from prefect.client.schemas.filters import WorkerFilter, WorkerFilterStatus
+from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.filters import (
+    DeploymentFilter,
+    DeploymentFilterId,
+    FlowRunFilter,
+    FlowRunFilterName,
+    FlowRunFilterParentFlowRunId,
+    WorkerFilter,
+    WorkerFilterStatus,
+)
 from prefect.client.schemas.objects import FlowRun
 from prefect.deployments import run_deployment
 from prefect.exceptions import PrefectHTTPStatusError
+from prefect.runtime import flow_run as this_run
 from prefect.states import State
 
 from prefect_executorch.artifacts.registry import BundleRef
@@ -25,6 +36,13 @@ QUEUE_WAIT_S = 3600.0
 #: What a matrix does with a cell whose pool has no live worker when it starts: leave it out (recorded, with
 #: the reason), fail it at once, or send it anyway and wait up to the queue wait for a worker to appear.
 MissingPoolPolicy = Literal["skip", "fail", "wait"]
+#: Runs of deployments with this tag are run again once after a crash by the ``prefect-executorch-retry-crashed``
+#: automation (deployments/automations.yaml: a Crashed event of a run whose run count is 1).
+RETRY_CRASHED_TAG = "retry-crashed"
+#: How long a matrix waits for that automation to reschedule a crashed build before counting it lost.
+CRASH_RETRY_GRACE_S = 30.0
+#: How often a matrix reads the state of the builds it waits on.
+POLL_S = 2.0
 
 
 @task(name="find-live-pools")
@@ -66,6 +84,51 @@ def build_parameters(
     }
 
 
+def will_be_retried(run: FlowRun) -> bool:
+    """Whether the retry-crashed automation reruns ``run`` after its crash: tagged, and on its first run."""
+    return RETRY_CRASHED_TAG in run.tags and run.run_count <= 1
+
+
+def wait_for_build(client: SyncPrefectClient, run: FlowRun, timeout: float) -> FlowRun:
+    """Read ``run`` until it is final, or ``timeout`` passed; a crash the retry automation reruns is waited through."""
+    deadline = time.monotonic() + timeout
+    crashed_at: float | None = None
+    while True:
+        run = client.read_flow_run(run.id)
+        state = run.state
+        if state is not None and state.is_final():
+            if not (state.is_crashed() and will_be_retried(run)):
+                return run
+            crashed_at = crashed_at or time.monotonic()
+            if time.monotonic() - crashed_at > CRASH_RETRY_GRACE_S:
+                return run
+        else:
+            crashed_at = None
+            if time.monotonic() > deadline:
+                return run
+        time.sleep(POLL_S)
+
+
+def earlier_attempt(client: SyncPrefectClient, deployment_id: Any, cell: MatrixCell) -> FlowRun | None:
+    """The build this matrix run sent for ``cell`` before it was itself rerun, if still running or completed.
+
+    A matrix rerun after a crash (same flow run) takes that build over instead of sending a second one;
+    a failed, crashed or cancelled one is sent again.
+    """
+    parent = this_run.get_id()
+    if parent is None or this_run.get_run_count() <= 1:
+        return None
+    runs = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent])),
+        deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])),
+    )
+    # The cell is in the parameters (a build renames its run when it starts).
+    placement = cell.placement.model_dump(mode="json")
+    return next((run for run in runs if run.parameters.get("placement") == placement
+                 and run.parameters.get("spec", {}).get("target", {}).get("kind") == cell.target.kind
+                 and run.state and (not run.state.is_final() or run.state.is_completed())), None)
+
+
 @task(name="dispatch-build", task_run_name="dispatch-{cell.label}")
 def dispatch_build(
     spec: BuildSpec,
@@ -76,16 +139,26 @@ def dispatch_build(
     training_run: str | None = None,
     queue_wait_s: float = QUEUE_WAIT_S,
 ) -> BundleRef:
-    """Run ``build-bundle/<pool>`` on the cell's arch queue, wait for it, and return its bundle."""
+    """Run ``build-bundle/<pool>`` on the cell's arch queue, wait for it, and return its bundle.
+
+    A build that crashes and is rescheduled by the retry-crashed automation is waited on through its
+    second run; a matrix that is itself rerun takes over the builds its first run sent.
+    """
     deployment = f"{BUILD_FLOW}/{cell.placement.pool}"
-    flow_run: FlowRun = run_deployment(  # type: ignore[assignment]  # sync call: not a coroutine
-        name=deployment,
-        parameters=build_parameters(spec, cell, store, weights_uri, weights_sha256, training_run),
-        work_queue_name=cell.placement.queue,
-        flow_run_name=f"build-{spec.name}-{spec.version}-{cell.label}",
-        timeout=spec.export_timeout_s + spec.validation.timeout_s + queue_wait_s,
-        poll_interval=2,
-    )
+    with get_client(sync_client=True) as client:
+        sent = earlier_attempt(client, client.read_deployment_by_name(deployment).id, cell)
+        if sent is not None:
+            get_run_logger().info("%s: taking over %s, sent by this matrix's earlier run", cell.label, sent.name)
+        else:
+            sent = run_deployment(  # type: ignore[assignment]  # sync call: not a coroutine
+                name=deployment,
+                parameters=build_parameters(spec, cell, store, weights_uri, weights_sha256, training_run),
+                work_queue_name=cell.placement.queue,
+                flow_run_name=f"build-{spec.name}-{spec.version}-{cell.label}",
+                timeout=0,
+            )
+        assert sent is not None
+        flow_run = wait_for_build(client, sent, spec.export_timeout_s + spec.validation.timeout_s + queue_wait_s)
     state = flow_run.state
     where = f"{deployment} (queue {cell.placement.queue}, flow run {flow_run.name})"
     if state is None or not state.is_final():

@@ -80,6 +80,10 @@ class Fleet:
             "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_WORKER_PREFETCH_SECONDS": "5",
             "PREFECT_EXECUTORCH_STORE": store,
+            # Prefect's cancellation cleanup cancels the builds of a cancelled matrix; every 20 s by default.
+            "PREFECT_SERVER_SERVICES_CANCELLATION_CLEANUP_LOOP_SECONDS": "2",
+            # The runs' scratch directories, so a test can see that none is left behind.
+            "TMPDIR": str(home / "tmp"),
         }
         self.procs: list[subprocess.Popen[bytes]] = []
         self.health_port = 0
@@ -136,6 +140,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, s3_server: Any) -> Iterator[
         set_aws_env(patch, s3_server)  # this process and every child reach SeaweedFS, nothing else
         fleet = Fleet(tmp / "home", f"s3://{s3_server.make_bucket()}/bundles")
         fleet.home.mkdir()
+        (fleet.home / "tmp").mkdir()
         try:
             fleet.start_server()
             deployed = fleet.cli("deploy", "--prefect-file", str(_variant(tmp)))
@@ -356,6 +361,95 @@ def test_a_flow_run_whose_process_dies_is_marked_crashed(fleet: Fleet) -> None:
     assert "No heartbeat for 90 s" in (run.state.message or "")
     # The last heartbeat came at most 30 s before the kill; the trigger fires 90 s after it.
     assert 55 <= noticed <= 240, f"noticed after {noticed:.0f} s"
+
+
+def _build_of(fleet: Fleet, version: str, timeout: float = 240) -> Any:
+    """The run of ``build-bundle/cpu`` for ``version``, once it runs and has its process id."""
+    deadline = time.monotonic() + timeout
+    while True:
+        runs = [r for r in _runs_of(fleet, "build-bundle/cpu") if r.parameters["spec"]["version"] == version]
+        if runs and runs[0].state.is_running() and runs[0].infrastructure_pid:
+            return runs[0]
+        assert time.monotonic() < deadline, f"no build of {version} running:\n{_tail(fleet.home / 'worker-cpu.log')}"
+        time.sleep(0.5)
+
+
+def _matrix(fleet: Fleet, version: str, **spec: Any) -> Any:
+    """Start the nightly matrix deployment for ``version`` with one cell, xnnpack on the cpu pool."""
+    config = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())["definitions"]
+    cell = config["small_convnet_targets"][0]
+    return _run(fleet, "build-matrix/small-convnet-nightly", {
+        "spec": {**config["small_convnet_spec"], "version": version, **spec}, "targets": [cell], "store": fleet.store})
+
+
+def _pid(run: Any) -> int:
+    return int(str(run.infrastructure_pid).rsplit(":", 1)[-1])
+
+
+def _tree(pid: int) -> set[int]:
+    """``pid`` and every process under it, from /proc."""
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        found.add(current)
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                todo.extend(int(child) for child in children.read_text().split())
+            except OSError:
+                pass
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_killed_build_is_crashed_then_run_again_and_its_matrix_completes(fleet: Fleet) -> None:
+    """The flow-run process of a matrix's build dies (SIGKILL, as by the OOM killer): Crashed, retried once, done."""
+    matrix = _matrix(fleet, "crash-retry")
+    build = _build_of(fleet, "crash-retry")
+    os.kill(_pid(build), signal.SIGKILL)
+    done = _wait_final(fleet, matrix, 300)
+    assert done.state.is_completed(), f"{done.state.message}\n{_tail(fleet.home / 'worker-cpu.log')}"
+    with _client(fleet) as client:
+        states = client.read_flow_run_states(build.id)
+        build = client.read_flow_run(build.id)
+    history = [s.name for s in states]
+    told = "\n".join(f"{s.timestamp} {s.name}: {s.message}" for s in states)
+    rerun = history[history.index("Crashed"):]
+    # Prefect's process worker reports the exit twice (its process runner, then its infrastructure check):
+    # each Crashed of the first run is answered by AwaitingRetry; then the second run.
+    crashes = rerun[:rerun.index("Pending")]
+    assert set(crashes) == {"Crashed", "AwaitingRetry"} and crashes[-1] == "AwaitingRetry", told
+    assert rerun[len(crashes):] == ["Pending", "Submitting", "Running", "Completed"], told
+    assert build.run_count == 2 and build.state.is_completed()
+    key = BundleKey(name=MODEL, version="crash-retry", target="xnnpack", compat=f"cpu-xnnpack-{os.uname().machine}")
+    assert read_manifest(open_store(fleet.store), key)[0].validation.passed
+    assert not list((fleet.home / "tmp").glob("prefect-executorch-*")), "a scratch directory outlived its run"
+
+
+def test_a_cancelled_matrix_cancels_the_build_it_sent(fleet: Fleet) -> None:
+    from prefect.states import Cancelling
+
+    matrix = _matrix(fleet, "cancelled", model=f"{ROOT / 'tests' / 'models.py'}:hangs",
+                     methods={"forward": {"inputs": [{"name": "x", "shape": [2, 3]}]}})
+    build = _build_of(fleet, "cancelled")
+    deadline = time.monotonic() + 120
+    while len(processes := _tree(_pid(build))) < 2:  # the export child, which hangs in the model's builder
+        assert time.monotonic() < deadline, f"no export child under {build.name}"
+        time.sleep(0.5)
+    with _client(fleet) as client:
+        client.set_flow_run_state(matrix, Cancelling(message="cancelled by the e2e test"), force=True)
+    assert _wait_final(fleet, matrix, 120).state.is_cancelled()
+    build = _wait_final(fleet, build.id, 120)
+    assert build.state.is_cancelled(), f"{build.state.name}: {build.state.message}"
+    # Its process and the export child it was waiting on are gone, and so is its scratch directory.
+    assert [pid for pid in processes if _alive(pid)] == []
+    assert not list((fleet.home / "tmp").glob("prefect-executorch-build-*"))
+    assert not [o.key for o in open_store(fleet.store).list(f"{MODEL}/cancelled/")]
 
 
 def _runs_of(fleet: Fleet, deployment: str) -> list[Any]:

@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
@@ -53,3 +54,27 @@ def test_a_cell_no_worker_can_take_is_skipped_or_failed_at_once(policy: str, tmp
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"matrix-mlp-policy-{policy}"])))
     assert f'"state": "{"Skipped" if policy == "skip" else "Failed"}"' in str(table.data)
     assert "no live worker in pool gpu-cu134 when the matrix started" in str(table.data)
+
+
+def test_the_crash_retry_automation_and_the_matrix_agree_on_what_is_rerun() -> None:
+    """The matrix waits through a crash only when the deployed automation will rerun the build."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.events.schemas.automations import AutomationCore
+
+    from prefect_executorch.fleet.automations import load_automations
+    from prefect_executorch.tasks.dispatch import RETRY_CRASHED_TAG, will_be_retried
+
+    root = Path(__file__).resolve().parents[1] / "deployments"
+    (retry,) = [a for a in load_automations(root / "automations.yaml") if a["name"] == "prefect-executorch-retry-crashed"]
+    automation = AutomationCore.model_validate(retry)
+    assert automation.trigger.match.model_dump() == {"prefect.resource.id": "prefect.flow-run.*", "prefect.run-count": "1"}
+    assert automation.trigger.match_related.model_dump() == {"prefect.resource.role": "tag",  # type: ignore[union-attr]
+                                                              "prefect.resource.id": f"prefect.tag.{RETRY_CRASHED_TAG}"}
+    assert automation.trigger.expect == {"prefect.flow-run.Crashed"}
+    run = FlowRun(flow_id=uuid.uuid4(), tags=["executorch", RETRY_CRASHED_TAG], run_count=1)
+    assert will_be_retried(run)
+    assert not will_be_retried(run.model_copy(update={"run_count": 2}))  # its one retry was used
+    assert not will_be_retried(run.model_copy(update={"tags": ["executorch"]}))
+    deployments = yaml.safe_load((root / "prefect.yaml").read_text())["deployments"]
+    builds = [d for d in deployments if d["entrypoint"].endswith(":build_bundle")]
+    assert builds and all(RETRY_CRASHED_TAG in d["tags"] for d in builds)
