@@ -112,7 +112,8 @@ def promote_checked(
             raise PromotionRefused(
                 f"{key.prefix} cannot take {alias} from {current.version} {current.target}/{current.compat}: "
                 + "; ".join(problems) + f"; fix the candidate, {', '.join(fixes)}, or pass --force "
-                "(the alias records what was overridden)")
+                "(the alias records what was overridden)",
+                comparison=[row.model_dump() for row in comparison.rows()])
         overridden = problems
     # The comparison was made against the alias's bundle of now: move only if nobody moved it meanwhile.
     expect = expect_version or (found[0].version if found is not None else None)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from prefect_executorch.errors import PromotionRefused
 from prefect_executorch.spec.buildspec import ModelCard
 from prefect_executorch.validate.report import ValidationReport
 from prefect_executorch.validate.triage import TriageReport
@@ -32,14 +34,16 @@ def cell(value: Any, column: str = "") -> str:
     return str(value)
 
 
-def table_rows(rows: list[BaseModel]) -> list[dict[str, str]]:
-    """Rows for a Prefect table artifact: the verdict column first (visible without scrolling), every cell formatted."""
-    formatted = []
-    for row in rows:
-        cells = {column.replace("_", " "): cell(getattr(row, column), column) for column in type(row).model_fields}
-        verdict = cells.pop("result", None)
-        formatted.append({"result": verdict, **cells} if verdict is not None else cells)
-    return formatted
+def format_row(values: dict[str, Any]) -> dict[str, str]:
+    """A table row's cells formatted, the verdict column (``result``) first: visible without scrolling."""
+    cells = {column.replace("_", " "): cell(value, column) for column, value in values.items()}
+    verdict = cells.pop("result", None)
+    return {"result": verdict, **cells} if verdict is not None else cells
+
+
+def table_rows(rows: Sequence[BaseModel]) -> list[dict[str, str]]:
+    """Rows for a Prefect table artifact, each ``format_row``'d."""
+    return [format_row({column: getattr(row, column) for column in type(row).model_fields}) for row in rows]
 
 
 def _markdown_table(rows: list[BaseModel]) -> list[str]:
@@ -109,7 +113,12 @@ def publish_triage_artifact(title: str, key: str, triage: TriageReport) -> None:
                                  description=f"Triage of {title}: none")
 
 
-def publish_promotion_artifact(title: str, record: AliasRecord) -> None:
+def promotion_key(name: str, alias: str) -> str:
+    """Key of a model's promotions to one alias: the artifact's history is that alias's moves and refusals."""
+    return artifact_key("promotion", name, alias)
+
+
+def publish_promotion_artifact(record: AliasRecord) -> None:
     """Attach the side-by-side comparison of a promotion (one row per method) to the current Prefect run."""
     from prefect.artifacts import create_table_artifact
 
@@ -119,9 +128,20 @@ def publish_promotion_artifact(title: str, record: AliasRecord) -> None:
     was = f"{previous.version} {previous.target}/{previous.compat}" if previous else "nothing"
     forced = f"; FORCED by {record.moved_by} over: {'; '.join(record.overridden)}" if record.forced else ""
     create_table_artifact(
-        key=artifact_key("promotion", title),
-        table=[row.model_dump() for row in record.comparison.rows()],
-        description=f"{record.alias}: {record.version} {record.target}/{record.compat} beside {was}{forced}",
+        key=promotion_key(record.name, record.alias),
+        table=table_rows(record.comparison.rows()),
+        description=f"MOVED {record.alias}: {record.version} {record.target}/{record.compat} beside {was}{forced}",
+    )
+
+
+def publish_refusal_artifact(name: str, alias: str, refused: PromotionRefused) -> None:
+    """A refused promotion, recorded under the same key as the moves: the comparison and why it was refused."""
+    from prefect.artifacts import create_table_artifact
+
+    create_table_artifact(
+        key=promotion_key(name, alias),
+        table=[format_row(row) for row in refused.comparison],
+        description=f"REFUSED {alias}: {refused}",
     )
 
 

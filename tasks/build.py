@@ -20,6 +20,7 @@ from prefect_executorch.targets import needs_cuda
 from prefect_executorch.tasks.cache import BuildCachePolicy
 from prefect_executorch.tasks.events import EXPORT_FAILED, VALIDATION_FAILED, emit_bundle_event, emit_reused
 from prefect_executorch.tasks.export import export_model
+from prefect_executorch.tasks.failures import keep_child_output
 from prefect_executorch.tasks.publish import publish_bundle
 from prefect_executorch.tasks.validate import validate_export
 
@@ -58,10 +59,12 @@ def build_and_publish(
             export = export_model(spec, output_root)
         except ExportFailed as exc:
             emit_bundle_event(EXPORT_FAILED, key, published.store_url, payload={"error": str(exc).splitlines()[0]})
+            keep_child_output(spec, exc)
             raise
         try:
             report = validate_export(spec, export, output_root)
         except ValidationFailed as exc:
             emit_bundle_event(VALIDATION_FAILED, key, published.store_url, payload={"error": str(exc).splitlines()[0]})
+            keep_child_output(spec, exc)
             raise
     return publish_bundle(spec, toolchain, export, report, store, published.inputs, weights_uri, training_run, compat)

@@ -197,9 +197,10 @@ def summarize_matrix(
             failures.append(f"{cell.label}: {state.name}: {state.message}")
             rows.append({"build": cell.label, "state": state.name, "bundle": "-", "manifest sha256": "-",
                          "why": state.message})
-    create_table_artifact(rows, key=artifact_key("matrix", spec.name, spec.version),
+    # Keyed per model: the artifact's history is that model's matrices.
+    create_table_artifact(rows, key=artifact_key("matrix", spec.name),
                           description=f"Build matrix of {spec.name} {spec.version}")
     if failures:
-        raise BuildFailed(f"{len(failures)} of {len(cells)} builds of {spec.name} {spec.version} failed:\n  "
-                          + "\n  ".join(failures))
+        raise BuildFailed(f"{len(failures)} of {len(cells)} builds of {spec.name} {spec.version} failed: "
+                          + "; ".join(failures))
     return refs

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.aliases import AliasRecord, read_alias
 from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
-from prefect_executorch.artifacts.reports import publish_promotion_artifact
+from prefect_executorch.artifacts.reports import publish_promotion_artifact, publish_refusal_artifact
 from prefect_executorch.artifacts.urls import open_store
+from prefect_executorch.errors import PromotionRefused
+from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.tasks.assets import record_alias
 from prefect_executorch.tasks.events import emit_promoted
 
@@ -25,15 +25,19 @@ def promote_alias(store: str | Block, request: PromotionRequest) -> AliasRecord:
     opened = open_store(store)
     name, version, alias = request.name, request.version, request.alias
     before = read_alias(opened, name, alias)
-    with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as scratch:
-        record = promote_checked(opened, request, scratch_dir=Path(scratch))
+    with scratch_dir("promote") as scratch:
+        try:
+            record = promote_checked(opened, request, scratch_dir=scratch)
+        except PromotionRefused as refused:
+            publish_refusal_artifact(name, alias, refused)
+            raise
     logger = get_run_logger()
     if before is not None and before[0] == record:
         # Already there (an automation and a retrain may both ask): nothing moved, so no event says it did.
         logger.info("%s already: nothing moved", record.describe())
         return record
     logger.info("%s%s", record.describe(), f" (was {record.previous.version})" if record.previous else "")
-    publish_promotion_artifact(f"{name}-{version}-to-{alias}", record)
+    publish_promotion_artifact(record)
     emit_promoted(record, opened.url)
     if record.forced:
         logger.warning("alias %s was forced onto %s %s over: %s", alias, name, version, "; ".join(record.overridden))

@@ -135,5 +135,39 @@ def test_export_child_crash_is_a_failed_task(make_spec, tmp_path: Path) -> None:
     spec = make_spec("aborts")
     with pytest.raises(ExportFailed, match="SIGABRT") as info:
         build_bundle(spec, store=str(tmp_path / "store"), output=str(tmp_path / "out"))
-    assert "child stderr" in str(info.value)
+    # The child's own output (the Python stack it aborted in), beside the message.
+    assert "Fatal Python error: Aborted" in info.value.child_output and "in aborts" in info.value.child_output
+    assert info.value.child_output not in str(info.value) and "\n" not in str(info.value)
     assert [p.name for p in (tmp_path / "out").iterdir()] == []  # no half export left behind
+
+
+def test_a_failed_build_reads_as_one_error_line_with_the_childs_output_beside_it(make_spec, tmp_path: Path) -> None:
+    """In the run's logs one ERROR line names the cause (no traceback, not once per task it went through); the
+    state message is that line; the child's stderr is an artifact keyed per model and target."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
+    from prefect.logging.handlers import APILogHandler
+
+    state = build_bundle(make_spec("aborts"), store=str(tmp_path / "store"), output=str(tmp_path / "out"),
+                         return_state=True)
+    APILogHandler().flush()
+    run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(run_id)
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        (artifact,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["child-output-aborts-xnnpack"]),
+                                           flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))
+    errors = [log.message for log in logs if log.level >= 40]
+    assert len(errors) == 1 and errors[0].startswith("ExportFailed: export of aborts 1 for xnnpack child process "
+                                                     "was killed by SIGABRT"), errors
+    assert not [log.message for log in logs if "Traceback" in log.message]
+    assert run.state is not None and run.state.is_failed() and "\n" not in (run.state.message or "")
+    assert "killed by SIGABRT" in (run.state.message or "")
+    assert "~~~~text\n" in str(artifact.data) and "Fatal Python error: Aborted" in str(artifact.data)

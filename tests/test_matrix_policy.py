@@ -15,6 +15,7 @@ import yaml
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect.client.schemas.sorting import ArtifactSort
 
 from prefect_executorch.errors import BuildFailed
 from prefect_executorch.fleet.placement import MatrixCell
@@ -50,8 +51,8 @@ def test_a_cell_no_worker_can_take_is_skipped_or_failed_at_once(policy: str, tmp
             build_matrix(spec, [GPU_CELL], str(tmp_path), dispatch=True, on_missing_pool="fail")
     assert time.monotonic() - started < 60  # nothing waited for a worker
     with get_client(sync_client=True) as client:
-        (table,) = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"matrix-mlp-policy-{policy}"])))
+        table = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["matrix-mlp"])),
+                                      sort=ArtifactSort.CREATED_DESC, limit=1)[0]
     assert f'"state": "{"Skipped" if policy == "skip" else "Failed"}"' in str(table.data)
     assert "no live worker in pool gpu-cu134 when the matrix started" in str(table.data)
 

@@ -6,6 +6,7 @@ slower); 3 is ``mlp_other`` (same shapes, other weights). Each test uses its own
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,9 +141,28 @@ def test_flow_attaches_the_comparison_as_a_table_artifact(builds: Builds) -> Non
     assert record.forced
     with get_client(sync_client=True) as client:
         (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["promotion-mlp-2-to-flow"])), limit=1)
+            key=ArtifactFilterKey(any_=["promotion-mlp-flow"])), limit=1)
     assert artifact.type == "table" and "FORCED" in (artifact.description or "")
     assert "latency regression" in (artifact.description or "") and "forward" in str(artifact.data)
+
+
+def test_a_refused_promotion_is_recorded_under_the_same_key_as_the_moves(builds: Builds) -> None:
+    """The artifact's history of a model's alias holds its refusals too, with the comparison that refused."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    move(builds.store, "1", "refusals")
+    with pytest.raises(PromotionRefused):
+        promote_flow("mlp", "3", "refusals", store=str(builds.store.root))  # mlp_other's weights: outputs differ
+    promote_flow("mlp", "2", "refusals", store=str(builds.store.root), max_latency_regression=100.0)
+    with get_client(sync_client=True) as client:
+        moved, refused = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["promotion-mlp-refusals"])), sort=ArtifactSort.CREATED_DESC)
+    assert (refused.description or "").startswith("REFUSED refusals: ") and "outputs disagree" in (refused.description or "")
+    assert (moved.description or "").startswith("MOVED refusals: 2 ")
+    (row,) = json.loads(refused.data) if isinstance(refused.data, str) else refused.data
+    assert row["method"] == "forward" and row["disagreeing"] == row["inputs"] != "0"
 
 
 def test_programs_that_cannot_share_a_process_are_compared_in_two_children(builds: Builds,

@@ -9,6 +9,12 @@ class PrefectExecutorchError(Exception):
     #: CLI exit code: 2 for bad input (usage), 1 for a failure while doing the work.
     exit_code = 1
 
+    def __init__(self, message: str = "", *, child_output: str = "") -> None:
+        super().__init__(message)
+        #: The tail of the stderr of the child process behind the error: shown by ``--debug`` and kept as the
+        #: run's artifact, never part of the message (a flow run's state message is the one-line cause).
+        self.child_output = child_output
+
 
 class SpecError(PrefectExecutorchError, ValueError):
     """The build spec (or another user input) is invalid; the message names the field."""
@@ -39,10 +45,9 @@ class ExportFailed(PrefectExecutorchError):
 class ChildProcessFailed(PrefectExecutorchError):
     """An isolated child process crashed, was killed or timed out."""
 
-    def __init__(self, message: str, *, returncode: int | None = None, stderr_tail: str = "") -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, returncode: int | None = None, child_output: str = "") -> None:
+        super().__init__(message, child_output=child_output)
         self.returncode = returncode
-        self.stderr_tail = stderr_tail
 
 
 class ValidationFailed(PrefectExecutorchError):
@@ -51,6 +56,12 @@ class ValidationFailed(PrefectExecutorchError):
 
 class PromotionRefused(PrefectExecutorchError):
     """The candidate disagrees with, or is slower than, the bundle its alias serves now."""
+
+    def __init__(self, message: str, *, comparison: list[dict[str, object]] | None = None) -> None:
+        super().__init__(message)
+        #: The side-by-side's rows (``ComparisonRow`` as dicts) behind the refusal: the run records them as it
+        #: records a promotion that passed.
+        self.comparison = comparison or []
 
 
 class BundleConflict(PrefectExecutorchError):

@@ -13,6 +13,7 @@ child as a fresh interpreter instead.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
 import multiprocessing.forkserver
@@ -229,18 +230,17 @@ def run_isolated(
                 proc.join()
                 raise errors.ChildProcessFailed(
                     f"{what} used {over_mib} MiB of resident memory, over its limit of {memory_limit.describe()}, "  # type: ignore[union-attr]
-                    f"and was killed; raise the spec's memory limit if the model needs more.\n"
-                    f"--- child stderr (tail) ---\n{_tail(log_path)}",
-                    returncode=proc.exitcode, stderr_tail=_tail(log_path),
+                    f"and was killed; raise the spec's memory limit if the model needs more",
+                    returncode=proc.exitcode, child_output=_tail(log_path),
                 )
             if proc.exitcode is None:
                 _kill_group(proc)
                 proc.join()
                 raise errors.ChildProcessFailed(
                     f"{what} timed out after {timeout_s:g} s and was killed; raise the timeout in the spec "
-                    f"if the model needs longer.\n--- child stderr (tail) ---\n{_tail(log_path)}",
+                    f"if the model needs longer",
                     returncode=None,
-                    stderr_tail=_tail(log_path),
+                    child_output=_tail(log_path),
                 )
         finally:
             # Grandchildren the child left behind must not outlive it.
@@ -252,9 +252,9 @@ def run_isolated(
             if returncode == -signal.SIGKILL and memory_limit:
                 hint = f" (possibly over its memory limit: {memory_limit.describe()})"
             raise errors.ChildProcessFailed(
-                f"{what} child process {_describe_exit(returncode)}{hint}\n--- child stderr (tail) ---\n{stderr_tail}",
+                f"{what} child process {_describe_exit(returncode)}{hint}",
                 returncode=returncode,
-                stderr_tail=stderr_tail,
+                child_output=stderr_tail,
             )
         response = json.loads(response_path.read_text())
     finally:
@@ -263,11 +263,10 @@ def run_isolated(
         error_type = getattr(errors, response["error"], None)
         if isinstance(error_type, type) and issubclass(error_type, errors.PrefectExecutorchError):
             if error_type is errors.ChildProcessFailed:
-                raise errors.ChildProcessFailed(response["message"], stderr_tail=stderr_tail)
-            detail = f"\n--- child stderr (tail) ---\n{stderr_tail}" if response.get("traceback") else ""
-            raise error_type(response["message"] + detail)
+                raise errors.ChildProcessFailed(response["message"], child_output=stderr_tail)
+            raise error_type(response["message"], child_output=stderr_tail if response.get("traceback") else "")
         raise errors.ChildProcessFailed(
-            f"{what} failed in the child process: {response['message']}", stderr_tail=stderr_tail
+            f"{what} failed in the child process: {response['message']}", child_output=stderr_tail
         )
     return result_type.model_validate(response["result"])
 
@@ -336,6 +335,9 @@ def _child_main(
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    # A crash (SIGSEGV in a runtime, SIGABRT, SIGBUS) prints the Python stack it happened in to the log: the
+    # child's output the parent's error carries.
+    faulthandler.enable(all_threads=True)
     if memory_limit_mib:
         limit = memory_limit_mib * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

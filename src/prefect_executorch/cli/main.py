@@ -61,13 +61,8 @@ def _quiet_defaults(debug: bool, prefect_console: bool = False) -> None:
     logging.getLogger("torchao").setLevel(logging.CRITICAL)
 
 
-#: Where a ChildProcessFailed message starts the child's stderr (isolation.py); shown with --debug.
-_CHILD_TAIL = "\n--- child stderr (tail) ---"
-
-
 def _one_message(exc: PrefectExecutorchError) -> str:
-    message, tail, _ = str(exc).partition(_CHILD_TAIL)
-    return message + ("\n(rerun with --debug for the child process's output)" if tail else "")
+    return str(exc) + ("\n(rerun with --debug for the child process's output)" if exc.child_output else "")
 
 
 def _debug() -> bool:
@@ -124,6 +119,8 @@ def handle_errors(function: F) -> F:
             raise typer.Exit(exc.exit_code) from None
         except PrefectExecutorchError as exc:
             if _debug():
+                if exc.child_output:
+                    err_console.print(f"--- child stderr (tail) ---\n{exc.child_output}", markup=False, highlight=False)
                 raise
             err_console.print(f"[bold red]{type(exc).__name__}:[/] {escape(_one_message(exc))}", markup=True,
                               highlight=False)

@@ -136,7 +136,7 @@ def export_program(spec: BuildSpec, output_root: Path) -> ExportedProgramDir:
         )
     except ChildProcessFailed as exc:
         shutil.rmtree(out_dir, ignore_errors=True)
-        raise ExportFailed(str(exc)) from exc
+        raise ExportFailed(str(exc), child_output=exc.child_output) from exc
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from prefect_executorch.spec.modelref import parse_python
+
 Kind = Literal["module", "function", "class", "method", "classmethod", "staticmethod", "property"]
 
 #: How many re-export hops a name may take before we give up (guards against import cycles).
@@ -197,7 +199,7 @@ class Sources:
 
     def _parse(self, relpath: str, root: SourceRoot) -> ast.Module | None:
         text = root.read(relpath)
-        return ast.parse(text, filename=relpath) if text is not None else None
+        return parse_python(text, relpath) if text is not None else None
 
     def module(self, dotted: str) -> ast.Module | None:
         """The parsed module ``dotted``, or None if the sources have no such module."""

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import pickle
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -80,6 +81,18 @@ def source_file(reference: str, field: str = "model") -> Path:
     return path
 
 
+#: CPython 3.11's parser is not safe to enter from two threads at once: concurrent builds of one flow run
+#: (Prefect's thread task runner) parsing model files together failed with "SystemError: AST constructor
+#: recursion depth mismatch" (CPython 3.11.7).
+_PARSER = threading.Lock()
+
+
+def parse_python(text: str, filename: str) -> ast.Module:
+    """``ast.parse``, one thread at a time."""
+    with _PARSER:
+        return ast.parse(text, filename=filename)
+
+
 def check_factory(reference: str) -> None:
     """Check, without running user code, that the model factory of ``reference`` can be found."""
     ref = ModelRef.split(reference)
@@ -87,7 +100,7 @@ def check_factory(reference: str) -> None:
     if not ref.is_file:
         return  # module_source found the module without running the package's code
     try:
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = parse_python(path.read_text(), str(path))
     except (SyntaxError, UnicodeDecodeError) as exc:
         where = f"{path}:{exc.lineno}" if isinstance(exc, SyntaxError) else str(path)
         reason = exc.msg if isinstance(exc, SyntaxError) else "it is not UTF-8 text"

@@ -267,7 +267,8 @@ def verify_bundled(bundle_dir: Path, target: str, data_files: list[str], methods
                                 timeout_s=(settings or _bundled_settings()).bundled_timeout_s, scratch_dir=Path(scratch),
                                 what=f"the bundled cases of {shown_as or bundle_dir}")
         except ChildProcessFailed as exc:
-            raise ValidationFailed(f"{exc}; the bundled program did not run on this machine") from exc
+            raise ValidationFailed(f"{exc}; the bundled program did not run on this machine",
+                                   child_output=exc.child_output) from exc
 
 
 def require_bundled_passed(check: BundledCheck, where: Path) -> None:

@@ -268,11 +268,11 @@ def validate_program(
             what=f"validation of {spec.name} {spec.version}",
         )
     except ChildProcessFailed as exc:
-        headline, _, tail = str(exc).partition("\n")
+        message = str(exc)
         if exc.returncode in (-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGBUS):
-            headline += (f"; the ExecuTorch runtime crashed on this program: check that it is loaded with the .ptd "
-                         f"it was exported with (given: {data_files or 'none'}) and was built for this platform")
-        raise ValidationFailed(f"{headline}\n{tail}".rstrip()) from exc
+            message += (f"; the ExecuTorch runtime crashed on this program: check that it is loaded with the .ptd "
+                        f"it was exported with (given: {data_files or 'none'}) and was built for this platform")
+        raise ValidationFailed(message, child_output=exc.child_output) from exc
     return report.model_copy(update={"memory_bound": bound.describe() if bound else "none"})
 
 
