@@ -12,7 +12,6 @@ from prefect.client.schemas.filters import (
     DeploymentFilter,
     DeploymentFilterId,
     FlowRunFilter,
-    FlowRunFilterName,
     FlowRunFilterParentFlowRunId,
     WorkerFilter,
     WorkerFilterStatus,

@@ -36,13 +36,20 @@ from prefect_executorch.spec.buildspec import BuildSpec, parse_spec  # noqa: E40
 import ledger  # noqa: E402
 from helpers import fresh_store, set_aws_env, spec_data  # noqa: E402
 
+_LEDGER_OWNER = pytest.StashKey[bool]()
+
 
 def pytest_configure(config: pytest.Config) -> None:
-    ledger.start_session()  # before xdist's workers start: they inherit its folder
+    config.stash[_LEDGER_OWNER] = ledger.start_session()  # before xdist's workers start: they inherit its folder
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     ledger.print_tables(terminalreporter.write_line)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_LEDGER_OWNER, False):
+        ledger.end_session()
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -18,10 +19,19 @@ LEDGER_ENV = "PREFECT_EXECUTORCH_TEST_LEDGER"
 FAULTS, PARSERS = "faults", "parsers"
 
 
-def start_session() -> None:
-    """Make the ledger folder unless a parent process made it (xdist workers inherit it)."""
-    if not os.environ.get(LEDGER_ENV):
-        os.environ[LEDGER_ENV] = tempfile.mkdtemp(prefix="prefect-executorch-ledger-")
+def start_session() -> bool:
+    """Make the ledger folder unless a parent process made it (xdist workers inherit it); True if made here."""
+    if os.environ.get(LEDGER_ENV):
+        return False
+    os.environ[LEDGER_ENV] = tempfile.mkdtemp(prefix="prefect-executorch-ledger-")
+    return True
+
+
+def end_session() -> None:
+    """Remove the ledger folder (by the process that made it, once the tables are printed)."""
+    folder = os.environ.pop(LEDGER_ENV, None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def append(kind: str, row: dict[str, Any]) -> None:

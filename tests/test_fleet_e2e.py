@@ -520,6 +520,14 @@ def test_a_failed_validation_notifies_the_configured_block(fleet: Fleet, tmp_pat
                  "validation": {"samples": 1, "latency_runs": 0, "outputs": {"['logits']": {"atol": 0, "rtol": 0}}}}
         failed = _wait_final(fleet, _run(fleet, "build-bundle/cpu", {"spec": tight, "store": fleet.store}), 240)
         assert failed.state.is_failed() and "ValidationFailed" in failed.state.message
+        assert "\n" not in failed.state.message  # the one-line cause the CLI prints
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+        with _client(fleet) as client:
+            logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[failed.id])))
+        errors = [log.message for log in logs if log.level >= 40]
+        assert len(errors) == 1 and errors[0].startswith("ValidationFailed: 1 of 1 validation cases failed"), errors
+        assert not [log.message for log in logs if "Traceback" in log.message]
         deadline = time.monotonic() + 120
         while not _Hook.received:
             assert time.monotonic() < deadline, f"no notification:\n{_tail(fleet.home / 'server.log')}"
