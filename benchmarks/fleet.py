@@ -23,14 +23,11 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -39,38 +36,22 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import report  # noqa: E402
 
+from prefect_executorch.testing.prefect_server import CLI, PrefectServer  # noqa: E402
+from prefect_executorch.testing.seaweedfs import free_port  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 GOAL = 0.8
 
 
-def free_port() -> int:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Fleet:
+class Fleet(PrefectServer):
     """PostgreSQL, a Prefect server on it, and the workers, all under one temporary folder."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.pg_port, self.api_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.api_port}/api"
-        self.env = {**os.environ, "PREFECT_HOME": str(root / "home"), "PREFECT_API_URL": self.url,
-                    "PREFECT_SERVER_DATABASE_CONNECTION_URL":
-                        f"postgresql+asyncpg://prefect@127.0.0.1:{self.pg_port}/postgres",
-                    "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
-                    "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "5",
-                    "PREFECT_EXECUTORCH_STORE": str(root / "store")}
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with open(self.root / f"{name}.log", "wb") as log:
-            proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
+        (root / "home").mkdir()
+        self.root, self.pg_port = root, free_port()
+        super().__init__(root / "home", f"postgresql+asyncpg://prefect@127.0.0.1:{self.pg_port}/postgres", ROOT,
+                         PREFECT_EXECUTORCH_STORE=str(root / "store"))
 
     def start_postgres(self) -> None:
         data, sockets = self.root / "pg", self.root / "sock"
@@ -88,40 +69,18 @@ class Fleet:
     def stop_postgres(self) -> None:
         subprocess.run([*NOBODY, "pg_ctl", "-D", str(self.root / "pg"), "-m", "fast", "stop"], capture_output=True)
 
-    def start_server(self, timeout: float = 180) -> None:
-        proc = self.start("server", [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                                     "--port", str(self.api_port), "--analytics-off", "--no-ui"])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError((self.root / "server.log").read_text()[-3000:])
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        raise TimeoutError("prefect server not healthy")
-
     def deploy(self) -> None:
         config = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
         config["deployments"] = [d for d in config["deployments"] if d["name"] == "cpu"]
         path = self.root / "prefect.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        # With the shipped automations: a run whose process dies is marked Crashed, not left Running.
-        done = subprocess.run([*CLI, "deploy", "--prefect-file", str(path)], cwd=ROOT, env=self.env,
-                              capture_output=True, text=True, timeout=300)
+        # With the shipped automations: a run whose process dies is marked Crashed (and run again), not left Running.
+        done = self.cli("deploy", "--prefect-file", str(path), timeout=300)
         if done.returncode != 0:
             raise RuntimeError(done.stdout + done.stderr)
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        self.stop_all()
         self.stop_postgres()
 
 
@@ -198,7 +157,7 @@ def main() -> int:
                                                     deadline_s=60 * args.kill_builds + 180)
     finally:
         fleet.stop()
-        logs = {p.name: p.read_text(errors="replace")[-2000:] for p in root.glob("*.log")}
+        logs = {p.name: p.read_text(errors="replace")[-2000:] for p in fleet.home.glob("*.log")}
         shutil.rmtree(root, ignore_errors=True)
     figures["batches"] = batches
     figures["worker_killed"] = killed

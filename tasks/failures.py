@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections import deque
 
 from prefect.artifacts import create_markdown_artifact
@@ -38,7 +39,8 @@ class OneLineFailures(logging.Filter):
                 return False
             exc._logged_once = True  # type: ignore[attr-defined]
             cause = f"{type(exc).__name__}: {exc}"
-            self.causes.append(cause)
+            # The state lines quote the cause as a repr, which escapes quotes: match up to the first one.
+            self.causes.append(re.split(r"[\"'\\]", cause, maxsplit=1)[0])
             record.msg, record.args = cause, ()
             record.exc_info, record.exc_text = None, None
         elif record.levelno >= logging.ERROR and not record.exc_info:
