@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import deque
 
 from prefect.artifacts import create_markdown_artifact
 
+from prefect_executorch import errors
 from prefect_executorch.artifacts.reports import artifact_key
 from prefect_executorch.errors import PrefectExecutorchError
 from prefect_executorch.spec.buildspec import BuildSpec
@@ -18,6 +18,15 @@ RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 FENCE = "~~~~"
 
 
+#: A task's final-state line for an exception (Prefect logs it at ERROR), naming the exception's type.
+_FAILED_STATE = re.compile(r"Finished in state Failed\(.*encountered an exception:? (\w+):")
+
+
+def _ours(type_name: str) -> bool:
+    found = getattr(errors, type_name, None)
+    return isinstance(found, type) and issubclass(found, PrefectExecutorchError)
+
+
 class OneLineFailures(logging.Filter):
     """A typed error is logged once at ERROR, as its cause, without a traceback; other exceptions are left alone.
 
@@ -25,12 +34,8 @@ class OneLineFailures(logging.Filter):
     every task and flow it passes through, then each task's final state at ERROR. Our errors' messages
     say what was expected, what was found and what to do; their tracebacks are frames of ours and
     Prefect's that tell a reader nothing more. So: the first record of the error becomes one line, the
-    later records of the same error are dropped, and the task state lines that quote it are INFO.
+    later records of the same error are dropped, and the task state lines naming one of our errors are INFO.
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.causes: deque[str] = deque(maxlen=32)
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -38,14 +43,11 @@ class OneLineFailures(logging.Filter):
             if getattr(exc, "_logged_once", False):
                 return False
             exc._logged_once = True  # type: ignore[attr-defined]
-            cause = f"{type(exc).__name__}: {exc}"
-            # The state lines quote the cause as a repr, which escapes quotes: match up to the first one.
-            self.causes.append(re.split(r"[\"'\\]", cause, maxsplit=1)[0])
-            record.msg, record.args = cause, ()
+            record.msg, record.args = f"{type(exc).__name__}: {exc}", ()
             record.exc_info, record.exc_text = None, None
         elif record.levelno >= logging.ERROR and not record.exc_info:
-            message = record.getMessage()
-            if message.startswith("Finished in state Failed(") and any(cause in message for cause in self.causes):
+            state = _FAILED_STATE.match(record.getMessage())
+            if state and _ours(state.group(1)):
                 record.levelno, record.levelname = logging.INFO, "INFO"
         return True
 
