@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,17 @@ MODELS = TESTS / "models.py"
 #: What must stay out of the CLI's normal output: third-party notes (torchao, torch's _pytree, ExecuTorch's
 #: cpuinfo) and Prefect's engine logs of a failed task or flow.
 CLI_NOISE = ("Failed to load", "_pytree", "cpuinfo", "Traceback", "Encountered exception", "Finished in state")
+
+
+@contextmanager
+def cpu_burner() -> Iterator[None]:
+    """A CPU-bound process beside the block: the races that an idle machine hides show on a busy one, as in CI."""
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        burner.kill()
+        burner.wait()
 
 
 def spec_data(factory: str = "convnet", **overrides: Any) -> dict[str, Any]:

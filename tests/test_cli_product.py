@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from helpers import CLI_NOISE, spec_data
+from helpers import CLI_NOISE, cpu_burner, spec_data
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 MLP = {"methods": {"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}}, "target": "portable"}
@@ -319,34 +319,52 @@ def _processes_with(marker: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_an_interrupted_build_stops_everything_within_seconds(tmp_path: Path, how: str) -> None:
+#: When each interrupt comes: seconds after the CLI starts (its probe, forkserver and Prefect start up), or
+#: after the export child's folder appears (the child starting, then running).
+INTERRUPTS = {"ctrl-c": [("start", 2.0), ("export", 0.0), ("export", 1.0)], "sigterm": [("start", 3.0), ("export", 0.5)]}
+
+
+@pytest.mark.parametrize(("how", "status"), [("ctrl-c", 130), ("sigterm", 143)])
+def test_an_interrupted_build_stops_everything_within_seconds(tmp_path: Path, how: str, status: int) -> None:
+    """Repeated at several moments, with a CPU-bound process beside it: CI's load once hid a build that never exited."""
+    with cpu_burner():
+        for attempt, (moment, delay) in enumerate(INTERRUPTS[how]):
+            _interrupt_a_build(tmp_path / f"{attempt}-{moment}-{delay}", how, status, moment, delay)
+
+
+def _interrupt_a_build(work: Path, how: str, status: int, moment: str, delay: float) -> None:
     import signal
     import time
     import uuid
 
-    spec = write_spec(tmp_path / "spec.json", "hangs")  # its export child never finishes by itself
+    work.mkdir()
+    spec = write_spec(work / "spec.json", "hangs")  # its export child never finishes by itself
     marker = f"PREFECT_EXECUTORCH_TEST_MARKER={uuid.uuid4().hex}"
-    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"), marker.split("=")[0]: marker.split("=")[1]}
+    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(work / "store"), marker.split("=")[0]: marker.split("=")[1]}
     # Its own process group, as a terminal's foreground job: Ctrl-C reaches every process in it.
-    cli = subprocess.Popen([*CLI, "build", str(spec), "--output", str(tmp_path / "out")], cwd=tmp_path, env=env,
+    cli = subprocess.Popen([*CLI, "build", str(spec), "--output", str(work / "out")], cwd=work, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
-    while not list((tmp_path / "out").glob(".export-*")) and time.monotonic() < deadline:
-        time.sleep(0.2)  # until the export child runs
+    while moment == "export" and not list((work / "out").glob(".export-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)  # until the export child starts
     assert cli.poll() is None, cli.communicate()
-    time.sleep(1)
+    time.sleep(delay)
     sent = time.monotonic()
     if how == "ctrl-c":
         os.killpg(cli.pid, signal.SIGINT)
     else:
         cli.send_signal(signal.SIGTERM)
-    out, err = cli.communicate(timeout=120)
+    try:
+        out, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
     took = time.monotonic() - sent
-    assert cli.returncode == 130, (out, err)
-    assert err.strip() == "interrupted: nothing published", err
-    assert took < 5, took
+    where = f"{how} at {moment} + {delay} s"
+    assert cli.returncode == status, (where, out, err)
+    assert err.strip() == "interrupted: nothing published", (where, err)
+    assert took < 5, (where, took)
     time.sleep(1)
-    assert _processes_with(marker) == []  # forkserver, export child and Prefect's API are gone
-    assert not (tmp_path / "store").exists() or not any((tmp_path / "store").rglob("manifest.json"))
-    assert not [p for p in (tmp_path / "out").iterdir() if not p.name.startswith(".")]  # no export directory left
+    assert _processes_with(marker) == [], where  # forkserver, export child and Prefect's API are gone
+    assert not (work / "store").exists() or not any((work / "store").rglob("manifest.json"))
+    assert not (work / "out").exists() or not [p for p in (work / "out").iterdir() if not p.name.startswith(".")]

@@ -36,6 +36,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 STORE_ENV = "PREFECT_EXECUTORCH_STORE"
 DEFAULT_STORE = "./bundles"
 DEBUG_ENV = "PREFECT_EXECUTORCH_DEBUG"
+#: Seconds from Ctrl-C or SIGTERM to a command's exit, at the latest.
+STOP_DEADLINE_S = 4.0
 _STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DEFAULT_STORE})."
 _ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
 
@@ -102,7 +104,7 @@ def _debug_flag(ctx: typer.Context) -> bool:
 
 
 def handle_errors(function: F) -> F:
-    """Print our typed errors without a traceback and exit 2 (bad input) or 1 (failure); 130 when interrupted."""
+    """Print our typed errors without a traceback and exit 2 (bad input) or 1 (failure); 130/143 when stopped."""
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -110,13 +112,13 @@ def handle_errors(function: F) -> F:
             try:
                 return function(*args, **kwargs)
             except KeyboardInterrupt:
-                raise Interrupted("stopped; its child processes with it") from None
+                raise Interrupted(_Stop.note()) from None
         except Interrupted as exc:
             from prefect_executorch.isolation import stop_forkserver
 
             stop_forkserver()
             err_console.print(f"interrupted: {escape(str(exc))}", highlight=False)
-            raise typer.Exit(exc.exit_code) from None
+            raise typer.Exit(_Stop.exit_code()) from None
         except PrefectExecutorchError as exc:
             if _debug():
                 if exc.child_output:
@@ -129,16 +131,43 @@ def handle_errors(function: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    """SIGTERM as Ctrl-C: the command stops the same way (children killed, one line, exit 130)."""
-    raise KeyboardInterrupt
+class _Stop:
+    """What Ctrl-C and SIGTERM do to a command: unwind once, and exit within ``STOP_DEADLINE_S`` whatever stalls.
+
+    The first signal raises ``KeyboardInterrupt`` (children killed on the way out, one line); later ones
+    are not raised again, so that nothing interrupts that cleanup. ``stopping.exit_after`` ends the process
+    if unwinding stalls (a request to an API that is busy, a thread that holds exit), with the same line.
+    """
+
+    signum: int | None = None
+    #: What the command leaves behind, said when it stops; a command that can publish sets its own.
+    note: Callable[[], str] = staticmethod(lambda: "stopped; its child processes with it")
+
+    @classmethod
+    def on_signal(cls, signum: int, frame: Any) -> None:
+        """The handler of both signals, installed when the console script starts."""
+        if cls.signum is not None:
+            return
+        cls.signum = signum
+        from prefect_executorch.stopping import LAST_WORDS_S, exit_after
+
+        exit_after(STOP_DEADLINE_S - LAST_WORDS_S, cls.exit_code(), lambda: f"interrupted: {cls.note()}",
+                   "interrupted: stopped; what it left was not read in time")
+        raise KeyboardInterrupt
+
+    @classmethod
+    def exit_code(cls) -> int:
+        """128 + the signal: 130 for Ctrl-C, 143 for SIGTERM."""
+        from prefect_executorch.stopping import exit_status
+
+        return exit_status(cls.signum or signal.SIGINT)
+
 
 
 @app.callback()
 def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
     """Export PyTorch models to ExecuTorch, validate them against eager PyTorch, publish bundles."""
     _quiet_defaults(debug, prefect_console=ctx.invoked_subcommand == "worker")
-    signal.signal(signal.SIGTERM, _interrupt)
     if debug:
         # Written, not only kept: the error handler, the flows and child processes read the debug setting.
         os.environ[DEBUG_ENV] = "1"
@@ -168,6 +197,7 @@ def build(
         os.environ[env_name(S3Settings, "endpoint_url")] = endpoint_url
     spec = load_spec(spec_path)
     spec.check_model_reference()
+    _Stop.note = lambda: "nothing published"
     view = LiveView(debug=_debug_flag(ctx))
     with view, listening(view.on_stage):
         # An unchanged rebuild with a cached probe answers without the children's and Prefect's start;
@@ -178,6 +208,8 @@ def build(
             _start_children(ctx)  # the probe runs in one; before an S3 store's settings import Prefect
         opened = open_store(store)
         fresh = not list_bundles(opened, spec.name, spec.version)  # so it cannot be a cache hit
+        if fresh:
+            _Stop.note = lambda: _left_by(opened, spec.name, spec.version)
         prefect_start = None
         if fresh:
             _start_children(ctx)
@@ -197,15 +229,17 @@ def build(
             if prefect_start is None:
                 _start_children(ctx)
                 prefect_start = _start_prefect()
-            try:
-                with embedded_settings(prefect_start.result()):
-                    ref = build_bundle(spec, store=store, output=str(output) if output else None)
-            except KeyboardInterrupt:
-                # Publishing is all or nothing (the manifest goes last): either the bundle is there or nothing is.
-                after = list_bundles(opened, spec.name, spec.version)
-                raise Interrupted(f"published {after[0].prefix} before it stopped" if fresh and after
-                                  else "nothing published") from None
+            with embedded_settings(prefect_start.result()):
+                ref = build_bundle(spec, store=store, output=str(output) if output else None)
     print_build_summary(ref, view.seconds)
+
+
+def _left_by(store: Any, name: str, version: str) -> str:
+    """What an interrupted fresh build left: publishing is all or nothing (the manifest goes last)."""
+    from prefect_executorch.artifacts.registry import list_bundles
+
+    published = list_bundles(store, name, version)
+    return f"published {published[0].prefix} before it stopped" if published else "nothing published"
 
 
 def _start_prefect() -> Future[EphemeralApi | None]:
@@ -721,13 +755,20 @@ def worker(
     healthcheck: bool = typer.Option(False, "--with-healthcheck", help="Serve /health on 127.0.0.1."),
 ) -> None:
     """Probe this machine and start an `executorch` worker that refuses runs for another channel or GPU arch."""
+    from prefect.settings import temporary_settings
+
     from prefect_executorch.errors import ToolchainMismatch
     from prefect_executorch.fleet.deploy import plan_pool, prepare_pools
     from prefect_executorch.fleet.placement import channel_of_pool, describe_worker
-    from prefect_executorch.fleet.worker import TOOLCHAIN_ENV, WORKER_GPU_ENV, WORKER_TYPE, default_worker_name
-    from prefect_executorch.machine.toolchain import probe as run_probe
+    from prefect_executorch.fleet.worker import (
+        WORKER_GPU_ENV,
+        ExecutorchWorker,
+        default_worker_name,
+        serve,
+        worker_toolchain,
+    )
 
-    toolchain = run_probe()
+    toolchain = worker_toolchain()  # in a child: the worker itself never imports torch nor holds a CUDA context
     if gpu is not None and gpu not in [g.index for g in toolchain.gpus]:
         raise ToolchainMismatch(f"--gpu: no GPU {gpu} here; this machine has {describe_worker(toolchain)}")
     channel = channel_of_pool(pool)
@@ -736,21 +777,17 @@ def worker(
                           f"{describe_worker(toolchain, gpu)}: every run will be refused")
     prepare_pools([plan_pool(pool, tuple(queue))])
     worker_name = name or default_worker_name(toolchain, gpu)
-    # The worker process's environment, not a setting read: it passes our probe and pin on to it.
-    env = {**os.environ, TOOLCHAIN_ENV: toolchain.model_dump_json()}
-    env.setdefault("PREFECT_WORKER_WEBSERVER_HOST", "127.0.0.1")  # Prefect's default is 0.0.0.0
+    # This process's environment, not a setting read: the flow runs it starts inherit the pin.
     if gpu is not None:
-        env[WORKER_GPU_ENV] = str(gpu)
-    argv = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", WORKER_TYPE,
-            "--name", worker_name, "--install-policy", "never"]
-    argv += [arg for q in queue for arg in ("--work-queue", q)]
-    argv += ["--limit", str(limit)] if limit else []
-    argv += ["--run-once"] if run_once else []
-    argv += ["--with-healthcheck"] if healthcheck else []
+        os.environ[WORKER_GPU_ENV] = str(gpu)
+    worker_process = ExecutorchWorker(name=worker_name, work_pool_name=pool, work_queues=queue or None, limit=limit)
+    worker_process.toolchain = toolchain
     console.print(f"starting worker {worker_name} on pool {pool}: {describe_worker(toolchain, gpu)}")
-    sys.stdout.flush()
-    # Replace this process, so signals (SIGINT to stop gracefully) reach the worker itself.
-    os.execve(sys.executable, argv, env)
+    # Prefect's default is 0.0.0.0; an operator's own PREFECT_WORKER_WEBSERVER_HOST still wins.
+    host = {} if "PREFECT_WORKER_WEBSERVER_HOST" in os.environ else {"worker.webserver.host": "127.0.0.1"}
+    with temporary_settings(updates=host):
+        serve(worker_process, run_once=run_once, with_healthcheck=healthcheck,
+              printer=lambda line: console.print(line, markup=False, highlight=False))
 
 
 @app.command()
@@ -782,6 +819,8 @@ def retrain(
 
 def run() -> None:
     """The console script: ``app`` with ``--debug`` accepted after the command too (``build spec.yaml --debug``)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _Stop.on_signal)
     args = sys.argv[1:]
     # A global option, but every error says "rerun with --debug": take it wherever it is written, before `--`.
     end = args.index("--") if "--" in args else len(args)

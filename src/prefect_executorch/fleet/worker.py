@@ -10,7 +10,11 @@ executorch`` finds it too.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+from collections.abc import Callable
 from typing import Any
 
 import anyio.abc
@@ -24,10 +28,11 @@ from prefect_executorch.fleet.gpus import GPU_ENV, ensure_gpu_limits
 from prefect_executorch.fleet.placement import Decision, route
 from prefect_executorch.machine.toolchain import Toolchain, probe_isolated
 from prefect_executorch.settings import WorkerSettings, read_settings
+from prefect_executorch.stopping import exit_after, exit_status, kill_descendants
 
 WORKER_TYPE = "executorch"
-#: WorkerSettings' variables, which the CLI sets for the worker process it starts. This one: the
-#: probe the CLI made before starting the worker, as JSON (saves a second torch import).
+#: WorkerSettings' variables. This one: a probe to use instead of probing (JSON), for a worker started by
+#: ``prefect worker start`` from a process that has probed already.
 TOOLCHAIN_ENV = "PREFECT_EXECUTORCH_WORKER_TOOLCHAIN"
 #: The GPU index this worker is pinned to; its runs see only that GPU.
 WORKER_GPU_ENV = "PREFECT_EXECUTORCH_WORKER_GPU"
@@ -36,6 +41,10 @@ WORKER_GPU_ENV = "PREFECT_EXECUTORCH_WORKER_GPU"
 HEARTBEAT_S = 30
 #: Flow-run label prefix for what the worker advertises.
 LABEL_PREFIX = "executorch."
+#: Seconds a stopping worker lets Prefect end its loops and flow runs before it kills what is left and exits.
+STOP_GRACE_S = 8.0
+#: How often a stop is asked again: Prefect's start-up and polling code can swallow one task cancellation.
+RECANCEL_S = 0.5
 
 _CHANNEL_HELP = "CUDA channel runs of this pool need: cu130, cu132 or cu134 (unset for CPU pools)."
 _SM_HELP = "GPU arch a run needs: sm80, sm90, sm100, or sm80plus for hardware-compatible engines."
@@ -114,8 +123,8 @@ class ExecutorchWorker(ProcessWorker):
         self.gpu_index = read_settings(WorkerSettings).gpu
 
     async def setup(self) -> None:
-        """Probe first, so a worker that cannot probe never polls."""
-        self.toolchain = worker_toolchain()
+        """Probe first (unless the CLI did), so a worker that cannot probe never polls."""
+        self.toolchain = self.toolchain or worker_toolchain()
         self._logger.info("toolchain: %s", json.dumps(advertised(self.toolchain, self.gpu_index)))
         await super().setup()
         indexes = [self.gpu_index] if self.gpu_index is not None else [g.index for g in self.toolchain.gpus]
@@ -158,3 +167,46 @@ class ExecutorchWorker(ProcessWorker):
             # The run's environment, not a setting read: CUDA's own variable and the GPU setting of the flow run.
             configuration.env.update({"CUDA_VISIBLE_DEVICES": str(self.gpu_index), GPU_ENV: str(self.gpu_index)})
         return await super().run(flow_run, configuration, task_status)
+
+
+def serve(worker: ExecutorchWorker, *, run_once: bool, with_healthcheck: bool, printer: Callable[[str], None]) -> None:
+    """Run ``worker`` in this process until its loops end, or until SIGINT/SIGTERM stops it within ``STOP_GRACE_S``.
+
+    Prefect's ``worker start`` forwards a signal as one cancellation of its main task, which its start-up
+    and polling code can swallow: the worker then ran on after Ctrl-C and ``systemctl stop``. Here a stop
+    cancels again until the worker is gone. Prefect's runner ends the flow runs it started (SIGTERM to
+    each run's process group: the run goes Crashed and is retried once); whatever still runs at the
+    deadline is killed. A second signal stops at once.
+    """
+    asyncio.run(_serve(worker, run_once, with_healthcheck, printer))
+
+
+async def _serve(worker: ExecutorchWorker, run_once: bool, with_healthcheck: bool,
+                 printer: Callable[[str], None]) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: int) -> None:
+        name = signal.Signals(signum).name
+        if stop.is_set():
+            printer(f"Received {name} again: worker {worker.name!r} and its flow runs killed")
+            kill_descendants()
+            os._exit(exit_status(signum))
+        printer(f"Received {name}: stopping worker {worker.name!r} and its flow runs (at most {STOP_GRACE_S:g} s)")
+        stop.set()
+        killed = f"Worker {worker.name!r} did not stop within {STOP_GRACE_S:g} s: it and its flow runs killed"
+        exit_after(STOP_GRACE_S, exit_status(signum), lambda: killed, killed)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    serving = asyncio.ensure_future(worker.start(run_once=run_once, with_healthcheck=with_healthcheck, printer=printer))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    while not serving.done():
+        serving.cancel()
+        await asyncio.wait([serving], timeout=RECANCEL_S)
+    if stop.is_set():
+        printer(f"Worker {worker.name!r} stopped!")
+    elif serving.exception() is not None:
+        raise serving.exception()  # type: ignore[misc]
