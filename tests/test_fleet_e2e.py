@@ -34,7 +34,7 @@ from prefect_executorch.hashing import sha256_file
 from prefect_executorch.testing.prefect_server import CLI, PrefectServer, tail
 from prefect_executorch.testing.seaweedfs import free_port
 
-from helpers import set_aws_env
+from helpers import cpu_burner, set_aws_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -495,3 +495,66 @@ def test_a_failed_validation_notifies_the_configured_block(fleet: Fleet, tmp_pat
         assert not [o.key for o in open_store(fleet.store).list(f"{MODEL}/too-tight/")]
     finally:
         server.shutdown()
+
+
+def _start_worker(fleet: Fleet, name: str, pool: str = "cpu", queue: str = "stop-test") -> subprocess.Popen[bytes]:
+    """``prefect-executorch worker`` in a session of its own (a terminal's job, a service's cgroup), on ``queue`` only."""
+    with open(fleet.home / f"{name}.log", "wb") as log:
+        return subprocess.Popen([*CLI, "worker", "--pool", pool, "--queue", queue, "--limit", "1", "--name", name],
+                                cwd=fleet.cwd, env=fleet.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop_within(fleet: Fleet, worker: subprocess.Popen[bytes], name: str, signum: int, bound: float) -> float:
+    """Signal the worker's whole group as Ctrl-C and ``systemctl stop`` do; seconds until it was gone (killed after 60)."""
+    sent = time.monotonic()
+    os.killpg(worker.pid, signum)
+    try:
+        worker.wait(60)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait()
+    took = time.monotonic() - sent
+    assert took < bound, f"{name} took {took:.1f} s to stop:\n{tail(fleet.home / f'{name}.log')}"
+    return took
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_a_worker_stops_within_seconds_of_its_signal(fleet: Fleet, signum: int) -> None:
+    """While it starts (probe, pool, Prefect's first poll) and once it polls, with a CPU-bound process beside it:
+    Prefect's own worker start outlived its Ctrl-C in CI."""
+    with cpu_burner():
+        for delay in (1.5, 4.0, 9.0):
+            name = f"stop-{signal.Signals(signum).name.lower()}-{delay:g}"
+            worker = _start_worker(fleet, name)
+            time.sleep(delay)
+            _stop_within(fleet, worker, name, signum, bound=10)
+
+
+def test_a_stopped_worker_ends_the_build_it_runs(fleet: Fleet) -> None:
+    """SIGTERM to a worker mid-build: the worker, the run's process and its export child are gone within 10 s, and
+    the run is Crashed, not left Running for something to wait on."""
+    worker = _start_worker(fleet, "stop-inflight", pool="cpu-stop-test", queue="default")
+    deadline = time.monotonic() + 120
+    while b"started!" not in (fleet.home / "stop-inflight.log").read_bytes():  # it has made its pool
+        assert worker.poll() is None and time.monotonic() < deadline, tail(fleet.home / "stop-inflight.log")
+        time.sleep(0.5)
+    with _client(fleet) as client:
+        shipped = client.read_deployment_by_name("build-bundle/cpu")
+        deployment = client.create_deployment(
+            flow_id=shipped.flow_id, name="stop-test", work_pool_name="cpu-stop-test", entrypoint=shipped.entrypoint,
+            path=shipped.path, pull_steps=shipped.pull_steps, parameter_openapi_schema=shipped.parameter_openapi_schema)
+        run = client.create_flow_run_from_deployment(deployment, parameters={"store": fleet.store, "spec": {
+            "name": "stop-test", "version": "1", "model": f"{ROOT / 'tests' / 'models.py'}:hangs",
+            "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 3]}]}}, "target": "xnnpack"}})
+        while not ((current := client.read_flow_run(run.id)).state.is_running() and current.infrastructure_pid):
+            assert time.monotonic() < deadline, f"{current.state_name}:\n{tail(fleet.home / 'stop-inflight.log')}"
+            time.sleep(0.5)
+    while len(processes := _tree(_pid(current))) < 2:  # the export child, which hangs in the model's builder
+        assert time.monotonic() < deadline, f"no export child under {current.name}"
+        time.sleep(0.5)
+    _stop_within(fleet, worker, "stop-inflight", signal.SIGTERM, bound=10)
+    time.sleep(1)
+    assert [pid for pid in processes if _alive(pid)] == []
+    ended = _wait_final(fleet, run.id, 30)
+    assert ended.state.is_crashed(), f"{ended.state.name}: {ended.state.message}"

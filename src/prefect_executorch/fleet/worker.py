@@ -16,6 +16,7 @@ import os
 import signal
 from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 import anyio.abc
 from prefect.client.schemas.objects import FlowRun
@@ -45,6 +46,8 @@ LABEL_PREFIX = "executorch."
 STOP_GRACE_S = 8.0
 #: How often a stop is asked again: Prefect's start-up and polling code can swallow one task cancellation.
 RECANCEL_S = 0.5
+#: Seconds a stopping worker gives Prefect's runner to report the runs it killed before it marks them itself.
+RUNS_REPORTED_S = 3.0
 
 _CHANNEL_HELP = "CUDA channel runs of this pool need: cu130, cu132 or cu134 (unset for CPU pools)."
 _SM_HELP = "GPU arch a run needs: sm80, sm90, sm100, or sm80plus for hardware-compatible engines."
@@ -121,6 +124,8 @@ class ExecutorchWorker(ProcessWorker):
         super().__init__(*args, **kwargs)
         self.toolchain: Toolchain | None = None
         self.gpu_index = read_settings(WorkerSettings).gpu
+        #: The flow runs this worker has started and Prefect's runner has not finished with.
+        self.in_flight: set[UUID] = set()
 
     async def setup(self) -> None:
         """Probe first (unless the CLI did), so a worker that cannot probe never polls."""
@@ -166,7 +171,11 @@ class ExecutorchWorker(ProcessWorker):
         if self.gpu_index is not None:
             # The run's environment, not a setting read: CUDA's own variable and the GPU setting of the flow run.
             configuration.env.update({"CUDA_VISIBLE_DEVICES": str(self.gpu_index), GPU_ENV: str(self.gpu_index)})
-        return await super().run(flow_run, configuration, task_status)
+        self.in_flight.add(flow_run.id)
+        try:
+            return await super().run(flow_run, configuration, task_status)
+        finally:
+            self.in_flight.discard(flow_run.id)
 
 
 def serve(worker: ExecutorchWorker, *, run_once: bool, with_healthcheck: bool, printer: Callable[[str], None]) -> None:
@@ -174,9 +183,10 @@ def serve(worker: ExecutorchWorker, *, run_once: bool, with_healthcheck: bool, p
 
     Prefect's ``worker start`` forwards a signal as one cancellation of its main task, which its start-up
     and polling code can swallow: the worker then ran on after Ctrl-C and ``systemctl stop``. Here a stop
-    cancels again until the worker is gone. Prefect's runner ends the flow runs it started (SIGTERM to
-    each run's process group: the run goes Crashed and is retried once); whatever still runs at the
-    deadline is killed. A second signal stops at once.
+    first kills the flow runs in flight while Prefect's runner still watches them, so that it reports each
+    Crashed as for any dead run process (tagged runs are then retried once, elsewhere); a run it has not
+    reported within ``RUNS_REPORTED_S`` is marked Crashed here. Then the worker is cancelled until it is
+    gone. Whatever still runs at the deadline is killed; a second signal stops at once.
     """
     asyncio.run(_serve(worker, run_once, with_healthcheck, printer))
 
@@ -184,14 +194,16 @@ def serve(worker: ExecutorchWorker, *, run_once: bool, with_healthcheck: bool, p
 async def _serve(worker: ExecutorchWorker, run_once: bool, with_healthcheck: bool,
                  printer: Callable[[str], None]) -> None:
     loop = asyncio.get_running_loop()
+    received: list[int] = []
     stop = asyncio.Event()
 
     def on_signal(signum: int) -> None:
         name = signal.Signals(signum).name
-        if stop.is_set():
+        if received:
             printer(f"Received {name} again: worker {worker.name!r} and its flow runs killed")
             kill_descendants()
             os._exit(exit_status(signum))
+        received.append(signum)
         printer(f"Received {name}: stopping worker {worker.name!r} and its flow runs (at most {STOP_GRACE_S:g} s)")
         stop.set()
         killed = f"Worker {worker.name!r} did not stop within {STOP_GRACE_S:g} s: it and its flow runs killed"
@@ -203,10 +215,30 @@ async def _serve(worker: ExecutorchWorker, run_once: bool, with_healthcheck: boo
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait([serving, stopping], return_when=asyncio.FIRST_COMPLETED)
     stopping.cancel()
+    if received:
+        await _end_flow_runs(worker, signal.Signals(received[0]).name, printer)
     while not serving.done():
         serving.cancel()
         await asyncio.wait([serving], timeout=RECANCEL_S)
-    if stop.is_set():
+    if received:
         printer(f"Worker {worker.name!r} stopped!")
     elif serving.exception() is not None:
         raise serving.exception()  # type: ignore[misc]
+
+
+async def _end_flow_runs(worker: ExecutorchWorker, signal_name: str, printer: Callable[[str], None]) -> None:
+    """Kill the flow runs in flight; mark Crashed those Prefect's runner has not reported within ``RUNS_REPORTED_S``."""
+    from prefect import get_client
+    from prefect.states import Crashed
+
+    if not worker.in_flight:
+        return
+    kill_descendants()
+    deadline = asyncio.get_running_loop().time() + RUNS_REPORTED_S
+    while worker.in_flight and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    message = f"worker {worker.name!r} was stopped ({signal_name}) while the run was in flight; its process was killed"
+    async with get_client() as client:
+        for flow_run_id in sorted(worker.in_flight):
+            await propose_state(client, Crashed(message=message), flow_run_id=flow_run_id)
+            printer(f"flow run {flow_run_id} marked Crashed: {message}")
