@@ -368,3 +368,18 @@ def _interrupt_a_build(work: Path, how: str, status: int, moment: str, delay: fl
     assert _processes_with(marker) == [], where  # forkserver, export child and Prefect's API are gone
     assert not (work / "store").exists() or not any((work / "store").rglob("manifest.json"))
     assert not (work / "out").exists() or not [p for p in (work / "out").iterdir() if not p.name.startswith(".")]
+
+
+def test_a_refused_gpu_build_exits_2_every_time_and_leaves_nothing_running(tmp_path: Path) -> None:
+    """Refused while Prefect's API and the forkserver still start: the process once aborted at exit (134) 7 runs in 8."""
+    import uuid
+
+    spec = write_spec(tmp_path / "spec.json", target="cuda")
+    for attempt in range(4):
+        marker = uuid.uuid4().hex
+        env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"), "PREFECT_EXECUTORCH_TEST_MARKER": marker}
+        result = subprocess.run([*CLI, "build", str(spec)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                                timeout=300)
+        assert result.returncode == 2, (attempt, result.stderr[-3000:])
+        assert result.stderr.startswith("ToolchainMismatch: this worker cannot build target cuda"), result.stderr
+        assert _processes_with(f"PREFECT_EXECUTORCH_TEST_MARKER={marker}") == [], attempt  # no API, no forkserver

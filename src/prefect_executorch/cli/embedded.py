@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
@@ -35,8 +38,9 @@ class EphemeralApi:
         return f"http://127.0.0.1:{self.port}/api"
 
     @classmethod
-    def start_unless_configured(cls) -> EphemeralApi | None:
-        """Start the API and wait until it answers; None where a server is configured or ephemeral mode is off."""
+    def start_unless_configured(cls, cancelled: threading.Event | None = None) -> EphemeralApi | None:
+        """Start the API and wait until it answers; None where a server is configured or ephemeral mode is off, or
+        once ``cancelled`` is set (the API is stopped then)."""
         from prefect.settings import get_current_settings
 
         settings = get_current_settings()
@@ -46,8 +50,8 @@ class EphemeralApi:
                **settings.to_environment_variables(exclude_unset=True)}
         api = cls(*cls._launch(env))
         atexit.register(api.stop)
-        api._wait_healthy(env, settings.server.ephemeral.startup_timeout_seconds)
-        return api
+        healthy = api._wait_healthy(env, settings.server.ephemeral.startup_timeout_seconds, cancelled or threading.Event())
+        return api if healthy else None
 
     @staticmethod
     def _launch(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
@@ -63,18 +67,22 @@ class EphemeralApi:
         # left the interrupted flow retrying its last reports for minutes. The CLI stops it, last.
         return subprocess.Popen(command, env=env, start_new_session=True), port
 
-    def _wait_healthy(self, env: dict[str, str], timeout_s: float) -> None:
+    def _wait_healthy(self, env: dict[str, str], timeout_s: float, cancelled: threading.Event) -> bool:
+        """Whether the API answered (False: ``cancelled``, and it is stopped); an error if it did not start in time."""
         import httpx
 
         deadline = time.monotonic() + timeout_s
-        with httpx.Client() as client:
+        with httpx.Client(timeout=1) as client:
             while True:
+                if cancelled.is_set():
+                    self.stop()
+                    return False
                 assert self.process is not None
                 if self.process.poll() == 3:  # uvicorn: the port was taken meanwhile
                     self.process, self.port = self._launch(env)
                 try:
                     if client.get(f"{self.api_url}/health").status_code == 200:
-                        return
+                        return True
                 except httpx.TransportError:
                     pass
                 if self.process.poll() is not None or time.monotonic() > deadline:
@@ -95,6 +103,39 @@ class EphemeralApi:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+class ApiStart:
+    """``EphemeralApi.start_unless_configured`` on a thread of its own, so that it overlaps a build's other start-up.
+
+    ``abandon`` ends a start still under way (and its API): a command refused or interrupted meanwhile
+    otherwise exited with that thread still polling, and interpreter shutdown under it aborted the process
+    (SIGABRT, exit 134, after the refusal's line). If the start fails, the flow starts Prefect's own and
+    reports what fails.
+    """
+
+    def __init__(self) -> None:
+        self._cancelled = threading.Event()
+        self._future: Future[EphemeralApi | None] = Future()
+        self._thread = threading.Thread(target=self._start, name="prefect-api-start", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._future.set_result(EphemeralApi.start_unless_configured(self._cancelled))
+        except Exception as exc:  # noqa: BLE001 - reported by the flow's own start
+            logging.getLogger(__name__).debug("early start of Prefect's API failed: %s", exc)
+            self._future.set_result(None)
+
+    def result(self) -> EphemeralApi | None:
+        """The API once it answers (None: a server is configured, or it failed to start)."""
+        return self._future.result()
+
+    def abandon(self) -> None:
+        """Stop a start still under way, and its API; a started API stays up until exit, for Prefect's last reports."""
+        if not self._future.done():
+            self._cancelled.set()
+            self._thread.join()
 
 
 @contextmanager

@@ -8,10 +8,8 @@ import logging
 import os
 import signal
 import sys
-import threading
 import warnings
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -23,7 +21,7 @@ from rich.table import Table
 from prefect_executorch.errors import Interrupted, PrefectExecutorchError
 
 if TYPE_CHECKING:
-    from prefect_executorch.cli.embedded import EphemeralApi
+    from prefect_executorch.cli.embedded import ApiStart
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False,
                   # Plain help, wrapped at the terminal, never cut; wide when piped (to a pager, grep or a file).
@@ -208,29 +206,33 @@ def build(
             _start_children(ctx)  # the probe runs in one; before an S3 store's settings import Prefect
         opened = open_store(store)
         fresh = not list_bundles(opened, spec.name, spec.version)  # so it cannot be a cache hit
-        if fresh:
-            _Stop.note = lambda: _left_by(opened, spec.name, spec.version)
         prefect_start = None
         if fresh:
+            _Stop.note = lambda: _left_by(opened, spec.name, spec.version)
             _start_children(ctx)
             prefect_start = _start_prefect()
-        if toolchain is None:
-            with stage("probe"):
-                toolchain = probe_cached()
-        ref = _published_build(spec, opened, toolchain)
-        if ref is not None and _server_configured():
-            from prefect_executorch.tasks.events import emit_reused
+        try:
+            if toolchain is None:
+                with stage("probe"):
+                    toolchain = probe_cached()
+            ref = _published_build(spec, opened, toolchain)
+            if ref is not None and _server_configured():
+                from prefect_executorch.tasks.events import emit_reused
 
-            emit_reused(ref, "cli")
-        if ref is None:
-            from prefect_executorch.cli.embedded import embedded_settings
-            from prefect_executorch.flows.build import build_bundle
+                emit_reused(ref, "cli")
+            if ref is None:
+                from prefect_executorch.cli.embedded import embedded_settings
+                from prefect_executorch.flows.build import build_bundle
 
-            if prefect_start is None:
-                _start_children(ctx)
-                prefect_start = _start_prefect()
-            with embedded_settings(prefect_start.result()):
-                ref = build_bundle(spec, store=store, output=str(output) if output else None)
+                if prefect_start is None:
+                    _start_children(ctx)
+                    prefect_start = _start_prefect()
+                with embedded_settings(prefect_start.result()):
+                    ref = build_bundle(spec, store=store, output=str(output) if output else None)
+        except BaseException:
+            if prefect_start is not None:
+                prefect_start.abandon()
+            raise
     print_build_summary(ref, view.seconds)
 
 
@@ -242,30 +244,18 @@ def _left_by(store: Any, name: str, version: str) -> str:
     return f"published {published[0].prefix} before it stopped" if published else "nothing published"
 
 
-def _start_prefect() -> Future[EphemeralApi | None]:
-    """Start Prefect's ephemeral API in the background (``EphemeralApi``; None with a configured server).
-
-    The largest part of a CLI build's overhead then overlaps the probe and the children's imports. If
-    it fails to start, the flow starts Prefect's own and reports what fails.
-    """
+def _start_prefect() -> ApiStart:
+    """Start Prefect's ephemeral API in the background: the largest part of a CLI build's overhead then overlaps
+    the probe and the children's imports."""
     # Prefect is imported here, not in the thread: its import runs plugin hooks and loads collections (ours
     # among them) while this thread imports our modules, and two threads importing both at once can meet in
     # Python's import locks ("Failed to initialize plugins: deadlock detected by _ModuleLock(...)"). The
     # children's server is already importing torch, which every later step waits for, so this costs nothing.
     import prefect.settings  # noqa: F401
 
-    from prefect_executorch.cli.embedded import EphemeralApi
+    from prefect_executorch.cli.embedded import ApiStart
 
-    def start() -> EphemeralApi | None:
-        try:
-            return EphemeralApi.start_unless_configured()
-        except Exception as exc:  # noqa: BLE001 - reported by the flow's own start
-            logging.getLogger(__name__).debug("early start of Prefect's API failed: %s", exc)
-            return None
-
-    future: Future[EphemeralApi | None] = Future()
-    threading.Thread(target=lambda: future.set_result(start()), name="prefect-api-start", daemon=True).start()
-    return future
+    return ApiStart()
 
 
 class LiveView:
