@@ -18,7 +18,8 @@ import subprocess, sys, threading, time
 from prefect_executorch.stopping import exit_after
 session = subprocess.Popen(["sleep", "300"], start_new_session=True)
 nested = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.Popen(['sleep', '301']).wait()"])
-words = {"quick": lambda: "interrupted: nothing published", "slow": lambda: time.sleep(30) or "never said"}
+words = {"quick": lambda: "interrupted: nothing published", "slow": lambda: time.sleep(30) or "never said",
+         "said already": lambda: ""}
 exit_after(3.0, 143, words[sys.argv[1]], "interrupted: what it left was not read in time")
 print(session.pid, nested.pid, flush=True)
 threading.Thread(target=time.sleep, args=(300,)).start()
@@ -34,7 +35,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(("words", "said"), [("quick", "interrupted: nothing published"),
-                                             ("slow", "interrupted: what it left was not read in time")])
+                                             ("slow", "interrupted: what it left was not read in time"),
+                                             ("said already", "")])
 def test_a_stalled_exit_is_ended_at_the_deadline_with_everything_it_started(words: str, said: str) -> None:
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-c", STALLS, words], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

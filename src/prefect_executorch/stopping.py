@@ -61,14 +61,17 @@ def kill_descendants() -> None:
 def exit_after(seconds: float, status: int, last_words: Callable[[], str], unknown: str) -> None:
     """Unless the process has exited ``seconds`` from now, kill what it started, say ``last_words()`` and exit ``status``.
 
-    ``last_words`` gets ``LAST_WORDS_S`` (it may read a store); ``unknown`` is said if it takes longer or fails.
+    ``last_words`` gets ``LAST_WORDS_S`` (it may read a store) and returns "" when all was said already;
+    ``unknown`` is said if it takes longer or fails.
     """
 
     def deadline() -> None:
         threading.Event().wait(seconds)
         try:
             kill_descendants()
-            print(_within(LAST_WORDS_S, last_words) or unknown, file=sys.stderr, flush=True)
+            words = _within(LAST_WORDS_S, last_words)
+            if words != "":
+                print(unknown if words is None else words, file=sys.stderr, flush=True)
             sys.stdout.flush()
         finally:
             os._exit(status)

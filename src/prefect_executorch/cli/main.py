@@ -116,6 +116,7 @@ def handle_errors(function: F) -> F:
 
             stop_forkserver()
             err_console.print(f"interrupted: {escape(str(exc))}", highlight=False)
+            _Stop.said = True
             raise typer.Exit(_Stop.exit_code()) from None
         except PrefectExecutorchError as exc:
             if _debug():
@@ -140,6 +141,8 @@ class _Stop:
     signum: int | None = None
     #: What the command leaves behind, said when it stops; a command that can publish sets its own.
     note: Callable[[], str] = staticmethod(lambda: "stopped; its child processes with it")
+    #: Whether the command has said its one line (the deadline then says nothing more).
+    said = False
 
     @classmethod
     def on_signal(cls, signum: int, frame: Any) -> None:
@@ -149,7 +152,7 @@ class _Stop:
         cls.signum = signum
         from prefect_executorch.stopping import LAST_WORDS_S, exit_after
 
-        exit_after(STOP_DEADLINE_S - LAST_WORDS_S, cls.exit_code(), lambda: f"interrupted: {cls.note()}",
+        exit_after(STOP_DEADLINE_S - LAST_WORDS_S, cls.exit_code(), lambda: "" if cls.said else f"interrupted: {cls.note()}",
                    "interrupted: stopped; what it left was not read in time")
         raise KeyboardInterrupt
 
