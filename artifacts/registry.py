@@ -358,6 +358,9 @@ def prepare_bundle(
 def verify_bundle_dir(bundle_dir: Path) -> Manifest:
     """Check every file of a local bundle against its manifest.json."""
     path = bundle_dir / MANIFEST_FILE
+    if not bundle_dir.is_dir():
+        raise NotABundle(f"{bundle_dir} {'is a file, not a bundle folder' if bundle_dir.exists() else 'does not exist'}; "
+                         "give the folder `pull --to` made")
     try:
         data = path.read_bytes()
     except FileNotFoundError:

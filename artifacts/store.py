@@ -103,6 +103,9 @@ class ObjectStore(ABC):
         """Uploads under ``prefix`` that were started and never finished."""
         return []
 
+    def require(self, writable: bool) -> None:
+        """Refuse, before any work, a store that cannot serve: the S3 store answers for itself at its first request."""
+
     def abort_upload(self, upload: IncompleteUpload) -> None:  # noqa: B027 - a hook: stores without uploads need none
         """Discard an unfinished upload."""
 
@@ -123,6 +126,27 @@ class LocalStore(ObjectStore):
 
     def _path(self, key: str) -> Path:
         return self.root / check_key(key)
+
+    def require(self, writable: bool) -> None:
+        """Refuse a path that is a file or, for reading, missing; for writing, make the directory and write a file there.
+
+        A wrong path otherwise looked like an empty store to `ls` and `pull`, and failed a build with a raw
+        traceback after its export and validation.
+        """
+        if self.root.exists() and not self.root.is_dir():
+            raise SpecError(f"store: {self.url} is a file, not a directory; give a directory or s3://bucket/prefix")
+        if not writable:
+            if not self.root.exists():
+                raise SpecError(f"store: {self.url} does not exist; check --store (or $PREFECT_EXECUTORCH_STORE)")
+            return
+        probe = self.root / f"{_TMP_PREFIX}write-check-{uuid.uuid4().hex}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise SpecError(f"store: cannot write bundles to {self.url}: {exc.strerror or exc} "
+                            f"({exc.filename or self.url}); give a directory this user can write") from None
 
     def _tmp(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

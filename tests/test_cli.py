@@ -23,6 +23,19 @@ def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 
+@pytest.mark.parametrize("debug", ["plain", "--debug", "PREFECT_EXECUTORCH_DEBUG=1"])
+def test_bad_input_exits_2_with_and_without_debug(tmp_path: Path, debug: str) -> None:
+    """--debug adds the traceback and nothing else: a script's `if` on the exit code must not change with it."""
+    (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
+    (tmp_path / "unknown.yaml").write_text(f"name: m\nversion: '1'\nmodel: {MODELS}:convnet\ncolour: blue\n")
+    env = {**os.environ, "PREFECT_EXECUTORCH_DEBUG": "1"} if debug.startswith("PREFECT") else os.environ
+    for spec in ("bad.yaml", "unknown.yaml"):
+        args = [*CLI, *(["--debug"] if debug == "--debug" else []), "build", spec]
+        result = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+        assert result.returncode == 2, (spec, result.stderr[-1500:])
+        assert ("Traceback" in result.stderr) is (debug != "plain"), (spec, result.stderr[-1500:])
+
+
 def test_unknown_field_exits_2_without_traceback(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"name: m\nversion: '1'\nmodel: {MODELS}:convnet\ncolour: blue\n"
@@ -73,7 +86,7 @@ def test_an_expected_failure_is_one_short_message(tmp_path: Path, factory: str, 
 
 def test_debug_shows_the_traceback_of_the_cause(tmp_path: Path) -> None:
     result = _run("--debug", "build", str(_write_spec(tmp_path, "raises")), cwd=tmp_path)
-    assert result.returncode != 0
+    assert result.returncode == 2  # as without --debug: the factory's failure is bad input
     # The factory's own frame and exception, not only the CLI's re-raise.
     assert 'raise RuntimeError("factory exploded on purpose")' in result.stderr, result.stderr
     assert "RuntimeError: factory exploded on purpose" in result.stderr

@@ -181,11 +181,12 @@ def test_tables_fit_80_columns_and_json_has_every_value(built: Path) -> None:
 
 
 def test_debug_is_accepted_after_the_command_too(built: Path) -> None:
-    for args in (["--debug", "inspect", str(built / "nothing-here")], ["inspect", str(built / "nothing-here"), "--debug"]):
-        result = run_cli(*args, cwd=built)
-        assert result.returncode == 1 and "Traceback" in result.stderr, (args, result.stderr[-500:])  # --debug: the traceback
     plain = run_cli("inspect", str(built / "nothing-here"), cwd=built)
     assert "Traceback" not in plain.stderr and "No such option" not in plain.stderr
+    for args in (["--debug", "inspect", str(built / "nothing-here")], ["inspect", str(built / "nothing-here"), "--debug"]):
+        result = run_cli(*args, cwd=built)
+        # --debug: the traceback, and the exit code the plain command has
+        assert result.returncode == plain.returncode == 2 and "Traceback" in result.stderr, (args, result.stderr[-500:])
 
 
 def test_validate_refuses_a_spec_of_another_model_or_version(built: Path) -> None:
@@ -383,3 +384,28 @@ def test_a_refused_gpu_build_exits_2_every_time_and_leaves_nothing_running(tmp_p
         assert result.returncode == 2, (attempt, result.stderr[-3000:])
         assert result.stderr.startswith("ToolchainMismatch: this worker cannot build target cuda"), result.stderr
         assert _processes_with(f"PREFECT_EXECUTORCH_TEST_MARKER={marker}") == [], attempt  # no API, no forkserver
+
+
+def test_a_missing_or_wrong_store_is_named_before_any_work(built: Path, tmp_path: Path) -> None:
+    """A wrong path once looked like an empty store to ls and pull, and failed a build with a traceback after its export."""
+    afile = tmp_path / "a-file"
+    afile.write_text("")
+    missing, out = tmp_path / "missing", tmp_path / "out"
+    changed = write_spec(tmp_path / "spec.json", validation={"samples": 3})  # not a cache hit anywhere
+    cases = [
+        (["ls", "--store", str(missing)], f"SpecError: store: {missing} does not exist"),
+        (["ls", "--store", str(afile)], f"SpecError: store: {afile} is a file, not a directory"),
+        (["pull", "mlp", "--to", str(tmp_path / "pulled"), "--store", str(missing)], f"store: {missing} does not exist"),
+        (["promote", "mlp", "1", "--alias", "x", "--store", str(missing)], f"store: {missing} does not exist"),
+        (["gc", "--store", str(missing)], f"store: {missing} does not exist"),
+        (["verify", str(missing)], f"NotABundle: {missing} does not exist"),
+        (["verify", str(afile)], f"NotABundle: {afile} is a file, not a bundle folder"),
+        (["build", str(changed), "--output", str(out), "--store", str(afile)], f"store: {afile} is a file"),
+        (["build", str(changed), "--output", str(out), "--store", "/proc/nope/bundles"],
+         "SpecError: store: cannot write bundles to /proc/nope/bundles: No such file or directory"),
+    ]
+    for args, said in cases:
+        result = run_cli(*args, cwd=built)
+        assert result.returncode == 2, (args, result.stderr[-1500:])
+        assert said in result.stderr.splitlines()[0] and "Traceback" not in result.stderr, (args, result.stderr[-1500:])
+    assert not out.exists()  # refused before anything was exported

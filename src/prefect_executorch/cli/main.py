@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +41,7 @@ _STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DE
 _ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
 
 
-def _quiet_defaults(debug: bool, prefect_console: bool = False) -> None:
+def _quiet_defaults(prefect_console: bool = False) -> None:
     # Defaults written for Prefect and its children, not our settings: each stays the user's to override.
     # No telemetry from a build tool, and no surprise network calls in an offline build.
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -53,10 +54,9 @@ def _quiet_defaults(debug: bool, prefect_console: bool = False) -> None:
         # reach the API. (Prefect reads PREFECT_LOGGING_<path>_<key> overrides of logging.yml.)
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
         os.environ.setdefault("PREFECT_SERVER_LOGGING_LEVEL", "CRITICAL")
-    if debug:
-        return
-    # Library notes (torch's _pytree deprecation, torchao's optional kernels) are no user's business; a
-    # worker's terminal is Prefect's own (what it submits, refuses and sees crash), but not theirs either.
+    # Library notes (torch's _pytree deprecation, torchao's optional kernels) are no user's business, with
+    # --debug too (it is for our tracebacks and the children's output); a worker's terminal is Prefect's own
+    # (what it submits, refuses and sees crash), but not theirs either.
     warnings.filterwarnings("ignore")
     logging.getLogger("torchao").setLevel(logging.CRITICAL)
 
@@ -79,21 +79,21 @@ def _debug() -> bool:
 def _store(option: str | None) -> str:
     """``--store``, else the ``store`` setting (``$PREFECT_EXECUTORCH_STORE``, a profile…), else ``./bundles``."""
     if option:
-        return option  # without reading the settings, which imports Prefect (see _start_children)
+        return option  # without reading the settings, which imports Prefect (~1 s) before the children's start
     from prefect_executorch.settings import get_settings
 
     return get_settings().store or DEFAULT_STORE
 
 
-def _start_children(ctx: typer.Context) -> None:
+def _start_children() -> None:
     """Start the child-process server now (its imports overlap with ours), its own output kept off the terminal.
 
-    Without ``--debug`` it is quiet; the debug *setting* is not read here, as reading settings imports
-    Prefect (~1 s), which the children's start would then wait for.
+    Its imports' notes (cpuinfo, torchao's optional kernels) are quiet with --debug too: each child logs to a
+    file of its own, which a failure carries.
     """
     from prefect_executorch.isolation import warm_up
 
-    warm_up(quiet=not _debug_flag(ctx))
+    warm_up(quiet=True)
 
 
 def _debug_flag(ctx: typer.Context) -> bool:
@@ -122,7 +122,9 @@ def handle_errors(function: F) -> F:
             if _debug():
                 if exc.child_output:
                     err_console.print(f"--- child stderr (tail) ---\n{exc.child_output}", markup=False, highlight=False)
-                raise
+                # The traceback, and the same exit code as without --debug (a script's `if` must not change).
+                traceback.print_exception(exc)
+                raise typer.Exit(exc.exit_code) from None
             err_console.print(f"[bold red]{type(exc).__name__}:[/] {escape(_one_message(exc))}", markup=True,
                               highlight=False)
             raise typer.Exit(exc.exit_code) from None
@@ -168,7 +170,7 @@ class _Stop:
 @app.callback()
 def main(ctx: typer.Context, debug: bool = typer.Option(False, "--debug", help="Show tracebacks.")) -> None:
     """Export PyTorch models to ExecuTorch, validate them against eager PyTorch, publish bundles."""
-    _quiet_defaults(debug, prefect_console=ctx.invoked_subcommand == "worker")
+    _quiet_defaults(prefect_console=ctx.invoked_subcommand == "worker")
     if debug:
         # Written, not only kept: the error handler, the flows and child processes read the debug setting.
         os.environ[DEBUG_ENV] = "1"
@@ -206,13 +208,14 @@ def build(
         with stage("probe"):
             toolchain = cached_toolchain()
         if toolchain is None:
-            _start_children(ctx)  # the probe runs in one; before an S3 store's settings import Prefect
+            _start_children()  # the probe runs in one; before an S3 store's settings import Prefect
         opened = open_store(store)
+        opened.require(writable=True)  # before anything is exported
         fresh = not list_bundles(opened, spec.name, spec.version)  # so it cannot be a cache hit
         prefect_start = None
         if fresh:
             _Stop.note = lambda: _left_by(opened, spec.name, spec.version)
-            _start_children(ctx)
+            _start_children()
             prefect_start = _start_prefect()
         try:
             if toolchain is None:
@@ -228,7 +231,7 @@ def build(
                 from prefect_executorch.flows.build import build_bundle
 
                 if prefect_start is None:
-                    _start_children(ctx)
+                    _start_children()
                     prefect_start = _start_prefect()
                 with embedded_settings(prefect_start.result()):
                     ref = build_bundle(spec, store=store, output=str(output) if output else None)
@@ -423,7 +426,6 @@ def _same_model(spec: Any, name: str, version: str, where: str) -> None:
 @app.command()
 @handle_errors
 def validate(
-    ctx: typer.Context,
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML or JSON)."),
     bundle_dir: Path | None = typer.Argument(None, metavar="BUNDLE_DIR", help="Directory with model.pte (a pulled bundle or an export)."),
     bundle: str | None = typer.Option(
@@ -445,7 +447,7 @@ def validate(
         raise SpecError("validate: give either BUNDLE_DIR or --bundle <.../manifest.json>, not both or neither")
     spec = load_spec(spec_path)
     spec.check_model_reference()
-    _start_children(ctx)
+    _start_children()
     with scratch_dir("validate", output) as root:
         if bundle is not None:
             from prefect_executorch.artifacts.locate import parse_manifest_url, pull_fresh
@@ -519,11 +521,11 @@ def verify(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with
 
 @app.command()
 @handle_errors
-def probe(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def probe(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show what this machine can build: versions, CUDA channel, GPUs, OS and arch."""
     from prefect_executorch.machine.toolchain import probe_isolated
 
-    _start_children(ctx)
+    _start_children()
     toolchain = probe_isolated()  # in a child: torch's import-time notes stay in its log
     if as_json:
         sys.stdout.write(toolchain.model_dump_json(indent=2) + "\n")
@@ -539,9 +541,12 @@ def probe(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help
 
 
 def _open(store: str | None, endpoint_url: str | None) -> Any:
+    """The store of a command that reads it (pull, promote, ls, gc): a missing one is named, not shown empty."""
     from prefect_executorch.artifacts.urls import open_store
 
-    return open_store(_store(store), endpoint_url=endpoint_url)
+    opened = open_store(_store(store), endpoint_url=endpoint_url)
+    opened.require(writable=False)
+    return opened
 
 
 @app.command()
