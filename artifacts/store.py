@@ -103,8 +103,8 @@ class ObjectStore(ABC):
         """Uploads under ``prefix`` that were started and never finished."""
         return []
 
-    def require(self, writable: bool) -> None:
-        """Refuse, before any work, a store that cannot serve: the S3 store answers for itself at its first request."""
+    def require(self, writable: bool) -> None:  # noqa: B027 - a hook: the S3 store answers at its first request
+        """Refuse, before any work, a store that cannot serve (``writable``: a build's, which publishes there)."""
 
     def abort_upload(self, upload: IncompleteUpload) -> None:  # noqa: B027 - a hook: stores without uploads need none
         """Discard an unfinished upload."""
