@@ -29,7 +29,8 @@ def test_a_per_output_override_decides_that_output_only() -> None:
     program = [torch.ones(4) + 0.01, torch.ones(4) + 0.01]
     results = compare_outputs(program, eager, ValidationSpec(outputs={"[1]": {"atol": 0.1}}))
     assert [r.passed for r in results] == [False, True]
-    assert "atol=0.0001" in results[0].reason and "from default for float32" in results[0].reason
+    assert "atol=0.0001" in results[0].reason
+    assert "from the default for float32 (spec fields validation.atol, validation.rtol)" in results[0].reason
 
 
 def test_outputs_pair_by_the_path_the_program_recorded() -> None:

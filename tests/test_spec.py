@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,23 @@ def test_unknown_field_is_named() -> None:
 def test_unknown_nested_field_is_named() -> None:
     message = _error(spec_data(validation={"samples": 1, "tolerance": 3}))
     assert "validation.tolerance: unknown field" in message
+
+
+@pytest.mark.parametrize(("overrides", "said"), [
+    ({"validaton": {}}, "validaton: unknown field (did you mean 'validation'?)"),
+    ({"validation": {"samplez": 2}}, "validation.samplez: unknown field (did you mean 'samples'?)"),
+    ({"methods": {"forward": {"inputz": []}}}, "methods.forward.inputz: unknown field (did you mean 'inputs'?)"),
+    ({"colour": "blue"}, "colour: unknown field; remove it"),  # nothing close: no guess
+])
+def test_a_misspelt_field_gets_the_nearest_one(overrides: dict[str, Any], said: str) -> None:
+    assert said in _error(spec_data(**overrides))
+
+
+@pytest.mark.parametrize("target", ["xnnpak", {"kind": "xnnpak"}])
+def test_an_unknown_target_is_said_in_the_spec_s_words(target: Any) -> None:
+    message = _error(spec_data(target=target))
+    assert "target: unknown target 'xnnpak' (did you mean 'xnnpack'?); expected one of: xnnpack, portable" in message
+    assert "Input tag" not in message and "'kind'" not in message  # pydantic's words, and a field the spec never named
 
 
 @pytest.mark.parametrize("name", ["Upper", "a/b", "..", "a..b", "", "-lead", "x" * 200, "nul\x00"])

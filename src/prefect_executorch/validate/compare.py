@@ -86,6 +86,13 @@ def limits_for(spec: ValidationSpec, method: str, path: str, dtype: str, precisi
     return Limits(limits["atol"], limits["rtol"], limits["min_cosine"], source, limits["max_rel_error"])
 
 
+def _set_by(source: str, *fields: str) -> str:
+    """Where a bound came from; a default also names the spec fields that would set it (a user's next step)."""
+    if source.startswith("default"):
+        return f"from the {source} (spec fields {', '.join(f'validation.{field}' for field in fields)})"
+    return f"from {source}"
+
+
 def _dtype_name(tensor: torch.Tensor) -> str:
     return str(tensor.dtype).removeprefix("torch.")
 
@@ -157,12 +164,12 @@ def compare_tensor(
     reason = None
     if max_rel_error is not None and rel_error > max_rel_error:
         reason = (f"relative error |program - eager| / |eager| = {rel_error:.4g} > max_rel_error {max_rel_error:g} "
-                  f"from {source}")
+                  f"{_set_by(source, 'max_rel_error')}")
     elif fraction > 0:
-        reason = (f"{fraction:.2%} of elements beyond atol={atol:g} + rtol={rtol:g}*|eager| from {source} "
-                  f"(max abs error {max_abs:.3g}, max rel error {max_rel:.3g})")
+        reason = (f"{fraction:.2%} of elements beyond atol={atol:g} + rtol={rtol:g}*|eager| "
+                  f"{_set_by(source, 'atol', 'rtol')} (max abs error {max_abs:.3g}, max rel error {max_rel:.3g})")
     elif cosine is not None and cosine < min_cosine:
-        reason = f"cosine similarity {cosine:.6f} < min_cosine {min_cosine:g} from {source}"
+        reason = f"cosine similarity {cosine:.6f} < min_cosine {min_cosine:g} {_set_by(source, 'min_cosine')}"
     return base.model_copy(update={"max_abs": max_abs, "max_rel": max_rel, "mismatch_fraction": fraction,
                                    "cosine": cosine, "rel_error": rel_error, "passed": reason is None, "reason": reason})
 
