@@ -1,5 +1,5 @@
 """``python -m prefect_executorch.cli``."""
 
-from prefect_executorch.cli.main import run
+from prefect_executorch.cli import main
 
-run()
+main()

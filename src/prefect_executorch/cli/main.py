@@ -6,7 +6,6 @@ import functools
 import json
 import logging
 import os
-import signal
 import sys
 import traceback
 import warnings
@@ -19,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from prefect_executorch.cli.signals import NOTHING_PUBLISHED, Stop
 from prefect_executorch.errors import Interrupted, PrefectExecutorchError
 
 if TYPE_CHECKING:
@@ -35,8 +35,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 STORE_ENV = "PREFECT_EXECUTORCH_STORE"
 DEFAULT_STORE = "./bundles"
 DEBUG_ENV = "PREFECT_EXECUTORCH_DEBUG"
-#: Seconds from Ctrl-C or SIGTERM to a command's exit, at the latest.
-STOP_DEADLINE_S = 4.0
 _STORE_HELP = f"Directory or s3://bucket/prefix (default: ${STORE_ENV}, else {DEFAULT_STORE})."
 _ENDPOINT_HELP = "S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config)."
 
@@ -110,14 +108,14 @@ def handle_errors(function: F) -> F:
             try:
                 return function(*args, **kwargs)
             except KeyboardInterrupt:
-                raise Interrupted(_Stop.note()) from None
+                raise Interrupted(Stop.note()) from None
         except Interrupted as exc:
             from prefect_executorch.isolation import stop_forkserver
 
             stop_forkserver()
             err_console.print(f"interrupted: {escape(str(exc))}", highlight=False)
-            _Stop.said = True
-            raise typer.Exit(_Stop.exit_code()) from None
+            Stop.said = True
+            raise typer.Exit(Stop.exit_code()) from None
         except PrefectExecutorchError as exc:
             if _debug():
                 if exc.child_output:
@@ -130,41 +128,6 @@ def handle_errors(function: F) -> F:
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-class _Stop:
-    """What Ctrl-C and SIGTERM do to a command: unwind once, and exit within ``STOP_DEADLINE_S`` whatever stalls.
-
-    The first signal raises ``KeyboardInterrupt`` (children killed on the way out, one line); later ones
-    are not raised again, so that nothing interrupts that cleanup. ``stopping.exit_after`` ends the process
-    if unwinding stalls (a request to an API that is busy, a thread that holds exit), with the same line.
-    """
-
-    signum: int | None = None
-    #: What the command leaves behind, said when it stops; a command that can publish sets its own.
-    note: Callable[[], str] = staticmethod(lambda: "stopped; its child processes with it")
-    #: Whether the command has said its one line (the deadline then says nothing more).
-    said = False
-
-    @classmethod
-    def on_signal(cls, signum: int, frame: Any) -> None:
-        """The handler of both signals, installed when the console script starts."""
-        if cls.signum is not None:
-            return
-        cls.signum = signum
-        from prefect_executorch.stopping import LAST_WORDS_S, exit_after
-
-        exit_after(STOP_DEADLINE_S - LAST_WORDS_S, cls.exit_code(), lambda: "" if cls.said else f"interrupted: {cls.note()}",
-                   "interrupted: stopped; what it left was not read in time")
-        raise KeyboardInterrupt
-
-    @classmethod
-    def exit_code(cls) -> int:
-        """128 + the signal: 130 for Ctrl-C, 143 for SIGTERM."""
-        from prefect_executorch.stopping import exit_status
-
-        return exit_status(cls.signum or signal.SIGINT)
-
 
 
 @app.callback()
@@ -200,7 +163,6 @@ def build(
         os.environ[env_name(S3Settings, "endpoint_url")] = endpoint_url
     spec = load_spec(spec_path)
     spec.check_model_reference()
-    _Stop.note = lambda: "nothing published"
     view = LiveView(debug=_debug_flag(ctx))
     with view, listening(view.on_stage):
         # An unchanged rebuild with a cached probe answers without the children's and Prefect's start;
@@ -214,7 +176,7 @@ def build(
         fresh = not list_bundles(opened, spec.name, spec.version)  # so it cannot be a cache hit
         prefect_start = None
         if fresh:
-            _Stop.note = lambda: _left_by(opened, spec.name, spec.version)
+            Stop.note = lambda: _left_by(opened, spec.name, spec.version)
             _start_children()
             prefect_start = _start_prefect()
         try:
@@ -247,7 +209,7 @@ def _left_by(store: Any, name: str, version: str) -> str:
     from prefect_executorch.artifacts.registry import list_bundles
 
     published = list_bundles(store, name, version)
-    return f"published {published[0].prefix} before it stopped" if published else "nothing published"
+    return f"published {published[0].prefix} before it stopped" if published else NOTHING_PUBLISHED
 
 
 def _start_prefect() -> ApiStart:
@@ -816,9 +778,7 @@ def retrain(
 
 
 def run() -> None:
-    """The console script: ``app`` with ``--debug`` accepted after the command too (``build spec.yaml --debug``)."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _Stop.on_signal)
+    """``app`` with ``--debug`` accepted after the command too (``build spec.yaml --debug``)."""
     args = sys.argv[1:]
     # A global option, but every error says "rerun with --debug": take it wherever it is written, before `--`.
     end = args.index("--") if "--" in args else len(args)
