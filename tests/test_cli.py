@@ -123,3 +123,19 @@ def test_cli_validate_needs_exactly_one_bundle(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "give either BUNDLE_DIR or --bundle" in result.output
     result = CliRunner().invoke(app, ["validate", str(tmp_path / "spec.json"), "--bundle", "s3://b/m/1/x/manifest.json"])
     assert result.exit_code == 2 and "names no bucket" in result.output and "[/prefix]" in result.output
+
+
+def test_every_help_reads_as_plain_text_with_uppercase_arguments() -> None:
+    import re
+
+    from typer.testing import CliRunner
+
+    from prefect_executorch.cli.main import app
+
+    names = [command.name or command.callback.__name__ for command in app.registered_commands if command.callback]
+    assert "verify" in names and "build" in names
+    for args in ([], *([name] for name in names)):
+        output = CliRunner().invoke(app, [*args, "--help"]).output
+        assert "``" not in output, (args, output)  # reST literals read as noise in a terminal
+        usage = next(line for line in output.splitlines() if line.startswith("Usage:"))
+        assert all(word.isupper() for word in re.findall(r"[\[{]([A-Za-z_]+)[\]}]", usage) if word != "OPTIONS"), usage

@@ -383,6 +383,7 @@ def test_a_refused_gpu_build_exits_2_every_time_and_leaves_nothing_running(tmp_p
                                 timeout=300)
         assert result.returncode == 2, (attempt, result.stderr[-3000:])
         assert result.stderr.startswith("ToolchainMismatch: this worker cannot build target cuda"), result.stderr
+        assert result.stderr.count('pip install "prefect-executorch[cuda]"') == 1, result.stderr  # said once
         assert _processes_with(f"PREFECT_EXECUTORCH_TEST_MARKER={marker}") == [], attempt  # no API, no forkserver
 
 

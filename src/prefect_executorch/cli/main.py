@@ -24,7 +24,7 @@ from prefect_executorch.errors import Interrupted, PrefectExecutorchError
 if TYPE_CHECKING:
     from prefect_executorch.cli.embedded import ApiStart
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__.replace("``", ""), pretty_exceptions_enable=False,
                   # Plain help, wrapped at the terminal, never cut; wide when piped (to a pager, grep or a file).
                   rich_markup_mode=None,
                   context_settings={"max_content_width": 160, "terminal_width": None if sys.stdout.isatty() else 160})
@@ -470,7 +470,7 @@ def inspect(
 
 @app.command()
 @handle_errors
-def verify(bundle_dir: Path = typer.Argument(..., help="A bundle directory (with manifest.json and model.bpte).")) -> None:
+def verify(bundle_dir: Path = typer.Argument(..., metavar="BUNDLE_DIR", help="A bundle directory (with manifest.json and model.bpte).")) -> None:
     """Check every file against the manifest, then run the bundle's own test cases on this machine."""
     from prefect_executorch.artifacts.registry import verify_bundle_dir
     from prefect_executorch.validate.bundled import run_bundled_cases

@@ -18,6 +18,7 @@ from prefect_executorch.targets.base import PROGRAM_FILE, Lowered, MemoryLimit, 
 from prefect_executorch.targets.gpu import (
     RUNTIME_PACKAGE,
     activate_runtime_wheel,
+    cannot_build,
     configure_eager_cuda,
     cuda_backend_problems,
     gpu_memory_limit,
@@ -150,9 +151,7 @@ class CudaTarget(Target):
         _options(spec)
         problems = _toolchain_problems(toolchain)
         if problems:
-            raise ToolchainMismatch(
-                f"this worker cannot build target cuda ({len(problems)} problems):\n  - " + "\n  - ".join(problems)
-            )
+            raise cannot_build("cuda", problems, INSTALL)
         if spec.external_weights:
             return ["external_weights: the CUDA backend always writes the weights to aoti_cuda_blob.ptd; the setting "
                     "changes nothing for target cuda"]

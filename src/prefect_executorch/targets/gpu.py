@@ -134,3 +134,10 @@ def activate_runtime_wheel(backend: str, required: bool, hint: str, fix: str) ->
                 f"torch, executorch, torch-tensorrt and the runtime must come from one channel: {fix}"
             ) from None
     return True
+
+
+def cannot_build(target: str, problems: list[str], install: str) -> ToolchainMismatch:
+    """One refusal listing every problem; the install line is written out once, the later problems point at it."""
+    first = next((i for i, problem in enumerate(problems) if install in problem), len(problems))
+    said = [problem if i <= first else problem.replace(install, "the pip line above") for i, problem in enumerate(problems)]
+    return ToolchainMismatch(f"this worker cannot build target {target} ({len(problems)} problems):\n  - " + "\n  - ".join(said))

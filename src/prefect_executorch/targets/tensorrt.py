@@ -27,6 +27,7 @@ from prefect_executorch.targets.calls import Call, LiveSources, Ref, Slot, Step,
 from prefect_executorch.targets.gpu import (
     RUNTIME_PACKAGE,
     activate_runtime_wheel,
+    cannot_build,
     configure_eager_cuda,
     cuda_backend_problems,
     gpu_memory_limit,
@@ -383,9 +384,7 @@ class TensorRTTarget(Target):
             + tensorrt_quant.toolchain_problems(spec, toolchain)
         )
         if problems:
-            raise ToolchainMismatch(
-                f"this worker cannot build target tensorrt ({len(problems)} problems):\n  - " + "\n  - ".join(problems)
-            )
+            raise cannot_build("tensorrt", problems, install)
         return _warnings(spec, options)
 
     def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
