@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
-from prefect_executorch.isolation import run_isolated
+from prefect_executorch.isolation import StartMethod, run_isolated
 from prefect_executorch.machine.runtimes import runtime_extension
 from prefect_executorch.targets import get_target
 from prefect_executorch.validate.report import ValidationReport
@@ -258,14 +258,15 @@ def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
 
 def verify_bundled(bundle_dir: Path, target: str, data_files: list[str], methods: dict[str, BundledMethod],
                    *, scratch_dir: Path | None = None, settings: BundledSettings | None = None,
-                   shown_as: Path | None = None) -> BundledCheck:
-    """Run every case of ``bundle_dir``'s ``.bpte`` in a child process; a crash of the runtime fails it."""
+                   shown_as: Path | None = None, start: StartMethod | None = None) -> BundledCheck:
+    """Run every case of ``bundle_dir``'s ``.bpte`` in a child process (``start``: see ``run_isolated``); a crash of the
+    runtime fails it."""
     request = VerifyBundledRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, methods=methods)
     with tempfile.TemporaryDirectory(prefix="bundled-", dir=scratch_dir) as scratch:
         try:
             return run_isolated("verify-bundled", request, BundledCheck,
                                 timeout_s=(settings or _bundled_settings()).bundled_timeout_s, scratch_dir=Path(scratch),
-                                what=f"the bundled cases of {shown_as or bundle_dir}")
+                                what=f"the bundled cases of {shown_as or bundle_dir}", start=start)
         except ChildProcessFailed as exc:
             raise ValidationFailed(f"{exc}; the bundled program did not run on this machine",
                                    child_output=exc.child_output) from exc
@@ -282,16 +283,19 @@ def require_bundled_passed(check: BundledCheck, where: Path) -> None:
 
 
 def run_bundled_cases(bundle_dir: Path, target: str, data_files: list[str], facts: BundledFacts | None,
-                      *, scratch_dir: Path | None = None, shown_as: Path | None = None) -> BundledCheck:
+                      *, scratch_dir: Path | None = None, shown_as: Path | None = None,
+                      start: StartMethod | None = None) -> BundledCheck:
     """Run a bundle's own cases on this machine; ``ValidationFailed`` if it has none or one fails.
 
-    ``shown_as`` is the folder the user knows (a pull checks its download before moving it there).
+    ``shown_as`` is the folder the user knows (a pull checks its download before moving it there). A one-shot
+    command passes ``start="spawn"``: its one child imports the runtime only, not the forkserver's export stack.
     """
     where = shown_as or bundle_dir
     if facts is None or facts.file is None:
         why = facts.skipped if facts else "it was published before bundles carried their test cases"
         raise ValidationFailed(f"{where} has no {BUNDLED_FILE} to run ({why}); nothing was verified: "
                                "revalidate it against the model with `prefect-executorch validate` instead")
-    check = verify_bundled(bundle_dir, target, data_files, facts.methods, scratch_dir=scratch_dir, shown_as=where)
+    check = verify_bundled(bundle_dir, target, data_files, facts.methods, scratch_dir=scratch_dir, shown_as=where,
+                           start=start)
     require_bundled_passed(check, where)
     return check
