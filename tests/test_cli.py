@@ -139,3 +139,28 @@ def test_every_help_reads_as_plain_text_with_uppercase_arguments() -> None:
         assert "``" not in output, (args, output)  # reST literals read as noise in a terminal
         usage = next(line for line in output.splitlines() if line.startswith("Usage:"))
         assert all(word.isupper() for word in re.findall(r"[\[{]([A-Za-z_]+)[\]}]", usage) if word != "OPTIONS"), usage
+
+
+def test_the_live_view_shows_each_stage_once_in_order_and_a_stop_as_stopped() -> None:
+    """The CLI probes, starts Prefect, and the flow probes again before it exports: 'probe' once, not a second spinner."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from prefect_executorch.cli.main import LiveView
+    from prefect_executorch.progress import listening, stage
+
+    terminal = io.StringIO()
+    view = LiveView(debug=False, screen=Console(file=terminal, force_terminal=True, width=80))
+    with view, listening(view.on_stage):
+        for name in ("probe", "start", "probe", "export"):
+            with stage(name):
+                pass
+        with pytest.raises(KeyboardInterrupt), stage("validate"):
+            raise KeyboardInterrupt
+    # The last frame the terminal drew: what stays on screen (every earlier frame is erased by cursor moves).
+    last_frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal.getvalue().rsplit("\x1b[1A\x1b[2K", 1)[-1])
+    rows = [line.split()[:2] for line in last_frame.splitlines() if line.strip()]
+    assert rows == [["probe", "done"], ["start", "done"], ["export", "done"], ["validate", "stopped"]], rows
+    assert set(view.seconds) == {"probe", "start", "export", "validate"}

@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-#: Called with (stage, event, seconds): event is "start", "done" or "failed"; seconds since the stage's start.
+#: Called with (stage, event, seconds): event is "start", "done", "failed" or "stopped" (Ctrl-C, SIGTERM);
+#: seconds since the stage's start.
 Listener = Callable[[str, str, float], None]
 _listeners: list[Listener] = []
 
@@ -18,11 +19,14 @@ def _emit(name: str, event: str, seconds: float) -> None:
 
 @contextmanager
 def stage(name: str) -> Iterator[None]:
-    """Mark one stage of a build; listeners hear its start and its end (done or failed)."""
+    """Mark one stage of a build; listeners hear its start and its end (done, failed, or stopped by a signal)."""
     started = time.monotonic()
     _emit(name, "start", 0.0)
     try:
         yield
+    except KeyboardInterrupt:
+        _emit(name, "stopped", time.monotonic() - started)
+        raise
     except BaseException:
         _emit(name, "failed", time.monotonic() - started)
         raise

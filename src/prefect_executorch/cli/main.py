@@ -195,7 +195,9 @@ def build(
                 if prefect_start is None:
                     _start_children()
                     prefect_start = _start_prefect()
-                with embedded_settings(prefect_start.result()):
+                with stage("start"):  # Prefect's API and the build's child processes; the probe alone is quick
+                    api = prefect_start.result()
+                with embedded_settings(api):
                     ref = build_bundle(spec, store=store, output=str(output) if output else None)
         except BaseException:
             if prefect_start is not None:
@@ -227,14 +229,15 @@ def _start_prefect() -> ApiStart:
 
 
 class LiveView:
-    """probe -> export -> validate -> publish with elapsed times, live on a terminal; the times are kept for the summary."""
+    """probe -> start -> export -> validate -> publish with elapsed times, live on a terminal (``screen``, stderr by
+    default); the times are kept for the summary."""
 
-    def __init__(self, debug: bool) -> None:
+    def __init__(self, debug: bool, screen: Console = err_console) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
         self.seconds: dict[str, float] = {}
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                  console=err_console, disable=not err_console.is_terminal or debug)
+                                  console=screen, disable=not screen.is_terminal or debug)
         self._rows: dict[str, Any] = {}
 
     def __enter__(self) -> LiveView:
@@ -245,15 +248,13 @@ class LiveView:
         self._progress.stop()
 
     def on_stage(self, name: str, event: str, seconds: float) -> None:
-        """Start a row for a stage, or end it as done or failed."""
+        """Start a row for a stage, or end it as done, failed or stopped; each stage shows once, in order."""
         if event == "start":
-            if name in self._rows:  # a stage that runs again (the flow probes after the CLI did) reuses its row
-                self._progress.reset(self._rows[name], description=name)
-            else:
+            if name not in self._rows:  # the flow probes again after the CLI did: its row stays as it is
                 self._rows[name] = self._progress.add_task(name, total=1)
             return
-        self.seconds[name] = self.seconds.get(name, 0.0) + seconds  # the flow probes again after the CLI's check
-        mark = "[green]done[/]" if event == "done" else "[red]failed[/]"
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        mark = {"done": "[green]done[/]", "stopped": "[yellow]stopped[/]"}.get(event, "[red]failed[/]")
         self._progress.update(self._rows[name], completed=1, description=f"{name} {mark}")
 
 
