@@ -7,6 +7,7 @@ compare-and-swap for aliases. Keys are ``/``-separated safe segments under the s
 from __future__ import annotations
 
 import builtins
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -139,6 +140,8 @@ class LocalStore(ObjectStore):
             if not self.root.exists():
                 raise SpecError(f"store: {self.url} does not exist; check --store (or $PREFECT_EXECUTORCH_STORE)")
             return
+        # Made and written to as a publish would, then left as found: a build that fails publishes no folder.
+        made = [folder for folder in (self.root, *self.root.parents) if not folder.exists()]
         probe = self.root / f"{_TMP_PREFIX}write-check-{uuid.uuid4().hex}"
         try:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -147,6 +150,10 @@ class LocalStore(ObjectStore):
         except OSError as exc:
             raise SpecError(f"store: cannot write bundles to {self.url}: {exc.strerror or exc} "
                             f"({exc.filename or self.url}); give a directory this user can write") from None
+        finally:
+            for folder in made:  # deepest first
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
 
     def _tmp(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

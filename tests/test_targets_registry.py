@@ -51,5 +51,5 @@ def test_placement_asks_the_target_for_its_device(monkeypatch: pytest.MonkeyPatc
 
 
 def test_an_unknown_kind_names_the_registered_ones() -> None:
-    with pytest.raises(SpecError, match="'portable', 'cuda', 'tensorrt'"):
+    with pytest.raises(SpecError, match="unknown target 'vulkan'; expected one of: xnnpack, portable, cuda, tensorrt"):
         parse_spec({**SPEC, "target": "vulkan"})
