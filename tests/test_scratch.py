@@ -79,3 +79,16 @@ def test_a_killed_builds_scratch_is_removed_by_the_next_run(tmp_path: Path) -> N
     build.wait(30)
     (left,) = [p.parent for p in tmp_path.glob(f"{PREFIX}build-*/{OWNER}")]
     assert sweep(tmp_path) == [left] and not left.exists()
+    # Prefect's API ran in a session of its own, which the kill did not reach: it leaves by itself.
+    marker, deadline = f"TMPDIR={tmp_path}".encode(), time.monotonic() + 15
+    while running := [e.parent.name for e in Path("/proc").glob("[0-9]*/environ") if _reads(e, marker)]:
+        assert time.monotonic() < deadline, f"still running after the build was killed: {running}"
+        time.sleep(0.5)
+
+
+def _reads(environ: Path, marker: bytes) -> bool:
+    """Whether the process of ``/proc/<pid>/environ`` has ``marker`` in its environment (False once it is gone)."""
+    try:
+        return marker + b"\0" in environ.read_bytes() + b"\0"
+    except OSError:
+        return False

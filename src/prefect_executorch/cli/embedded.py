@@ -23,7 +23,8 @@ class EphemeralApi:
     Prefect starts it from ``get_client()``, after importing ``prefect.server`` into the calling
     process (~3.5 s on 2 cores) only to reach that class; a CLI build waits for both. Started here,
     the subprocess does its own imports while this process and the child server do theirs. Same
-    command, environment and health check as Prefect 3's (``prefect/server/api/server.py``). Stopped at
+    uvicorn arguments, environment and health check as Prefect 3's (``prefect/server/api/server.py``), run
+    by ``cli/apiserver.py``, which also leaves when this process is killed. Stopped at
     exit, as Prefect's is: its ``atexit`` hook, registered first, runs after Prefect's log and event
     workers have sent what they hold.
     """
@@ -60,11 +61,12 @@ class EphemeralApi:
         with closing(socket.socket()) as sock:
             sock.bind(("127.0.0.1", 0))
             port = int(sock.getsockname()[1])
-        command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent), "--factory",
+        command = [sys.executable, "-m", "prefect_executorch.cli.apiserver", "--app-dir", str(Path(prefect.__file__).parent.parent), "--factory",
                    "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
                    "--log-level", "error", "--lifespan", "on"]
         # Its own session: Ctrl-C reaches the whole foreground process group, and an API that died with it
-        # left the interrupted flow retrying its last reports for minutes. The CLI stops it, last.
+        # left the interrupted flow retrying its last reports for minutes. The CLI stops it, last; a killed CLI's
+        # API leaves by itself (cli/apiserver.py).
         return subprocess.Popen(command, env=env, start_new_session=True), port
 
     def _wait_healthy(self, env: dict[str, str], timeout_s: float, cancelled: threading.Event) -> bool:
