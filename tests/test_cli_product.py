@@ -372,11 +372,11 @@ def _interrupt_a_build(work: Path, how: str, status: int, moment: str, delay: fl
 
 
 def test_a_refused_gpu_build_exits_2_every_time_and_leaves_nothing_running(tmp_path: Path) -> None:
-    """Refused while Prefect's API and the forkserver still start: the process once aborted at exit (134) 7 runs in 8."""
+    """Refused while Prefect's API and the forkserver still start: the process once aborted at exit (134), 1 run in 3 here."""
     import uuid
 
     spec = write_spec(tmp_path / "spec.json", target="cuda")
-    for attempt in range(4):
+    for attempt in range(3):
         marker = uuid.uuid4().hex
         env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"), "PREFECT_EXECUTORCH_TEST_MARKER": marker}
         result = subprocess.run([*CLI, "build", str(spec)], capture_output=True, text=True, cwd=tmp_path, env=env,
