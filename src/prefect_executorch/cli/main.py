@@ -109,6 +109,13 @@ def handle_errors(function: F) -> F:
                 return function(*args, **kwargs)
             except KeyboardInterrupt:
                 raise Interrupted(Stop.note()) from None
+            except BaseException as exc:
+                # A flow run replaces the SIGTERM handler with Prefect's, which raises TerminationSignal instead.
+                termination = getattr(sys.modules.get("prefect.exceptions"), "TerminationSignal", None)
+                if termination is None or not isinstance(exc, termination):
+                    raise
+                Stop.arm(exc.signal)
+                raise Interrupted(Stop.note()) from None
         except Interrupted as exc:
             from prefect_executorch.isolation import stop_forkserver
 

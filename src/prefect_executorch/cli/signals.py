@@ -8,7 +8,9 @@ unwinding stalls (a request to an API that is busy, a thread that holds exit), w
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -26,16 +28,25 @@ class Stop:
     signum: int | None = None
     note: Callable[[], str] = staticmethod(lambda: "stopped; its child processes with it")
     said = False
+    _armed = threading.Lock()
 
     @classmethod
-    def on_signal(cls, signum: int, frame: Any) -> None:
-        """The handler of both signals."""
-        if cls.signum is not None:
-            return
+    def arm(cls, signum: int) -> bool:
+        """Start the deadline for ``signum``, once; whether this call started it."""
+        if not cls._armed.acquire(blocking=False):
+            return False
         cls.signum = signum
         exit_after(STOP_DEADLINE_S - LAST_WORDS_S, cls.exit_code(), lambda: "" if cls.said else f"interrupted: {cls.note()}",
                    "interrupted: stopped; what it left was not read in time")
-        raise KeyboardInterrupt
+        return True
+
+    @classmethod
+    def on_signal(cls, signum: int, frame: Any) -> None:
+        """The Python handler of both signals (main thread): unwind once."""
+        first = cls.signum is None
+        cls.arm(signum)
+        if first:
+            raise KeyboardInterrupt
 
     @classmethod
     def exit_code(cls) -> int:
@@ -50,3 +61,18 @@ def install(args: list[str]) -> None:
         Stop.note = staticmethod(lambda: NOTHING_PUBLISHED)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, Stop.on_signal)
+    # The Python handler runs only when the main thread next runs Python code; a main thread blocked in a C call
+    # that retries past the signal never did (a build under heavy load did not exit in 60 s). The C-level handler
+    # writes each signal to this pipe at once, and a thread that reads it arms the deadline.
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+    threading.Thread(target=_arm_on_wakeup, args=(read,), name="stop-watch", daemon=True).start()
+
+
+def _arm_on_wakeup(read: int) -> None:
+    """Arm ``Stop``'s deadline as soon as SIGINT or SIGTERM arrives, whatever the main thread is doing."""
+    while True:
+        for signum in os.read(read, 64):
+            if signum in (signal.SIGINT, signal.SIGTERM):
+                Stop.arm(signum)
