@@ -106,9 +106,6 @@ def handle_errors(function: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             try:
-                Stop.in_command = True
-                if Stop.signum is not None:
-                    raise KeyboardInterrupt  # it came while the command line was still being read
                 return function(*args, **kwargs)
             except KeyboardInterrupt:
                 raise Interrupted(Stop.note()) from None

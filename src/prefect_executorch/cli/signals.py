@@ -28,8 +28,6 @@ class Stop:
     signum: int | None = None
     note: Callable[[], str] = staticmethod(lambda: "stopped; its child processes with it")
     said = False
-    #: Whether a command's body (and its error handler) runs: only there is the stop raised.
-    in_command = False
     _armed = threading.Lock()
 
     @classmethod
@@ -47,8 +45,7 @@ class Stop:
         """The Python handler of both signals (main thread): unwind once."""
         first = cls.signum is None
         cls.arm(signum)
-        # Before a command runs, click would turn it into "Aborted!" (exit 1): the deadline ends the process instead.
-        if first and cls.in_command:
+        if first:
             raise KeyboardInterrupt
 
     @classmethod
