@@ -322,7 +322,7 @@ def _processes_with(marker: str) -> list[str]:
 
 #: When each interrupt comes: seconds after the CLI starts (its probe, forkserver and Prefect start up), or
 #: after the export child's folder appears (the child starting, then running).
-INTERRUPTS = {"ctrl-c": [("start", 2.0), ("export", 0.0), ("export", 1.0)], "sigterm": [("start", 3.0), ("export", 0.5)]}
+INTERRUPTS = {"ctrl-c": [("start", 0.5), ("start", 2.0), ("export", 0.0), ("export", 1.0)], "sigterm": [("start", 3.0), ("export", 0.5)]}
 
 
 @pytest.mark.parametrize(("how", "status"), [("ctrl-c", 130), ("sigterm", 143)])

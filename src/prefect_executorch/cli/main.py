@@ -112,9 +112,12 @@ def handle_errors(function: F) -> F:
             except BaseException as exc:
                 # A flow run replaces the SIGTERM handler with Prefect's, which raises TerminationSignal instead.
                 termination = getattr(sys.modules.get("prefect.exceptions"), "TerminationSignal", None)
-                if termination is None or not isinstance(exc, termination):
+                if termination is not None and isinstance(exc, termination):
+                    Stop.arm(exc.signal)
+                # Whatever fails after a stop fails because of it (a child that died of the same Ctrl-C, a pipe
+                # closed under a reader: an EOFError click would print as "Aborted!"): the stop is the one line.
+                if Stop.signum is None or isinstance(exc, SystemExit):
                     raise
-                Stop.arm(exc.signal)
                 raise Interrupted(Stop.note()) from None
         except Interrupted as exc:
             from prefect_executorch.isolation import stop_forkserver
@@ -793,4 +796,12 @@ def run() -> None:
     end = args.index("--") if "--" in args else len(args)
     if "--debug" in args[:end]:
         args = ["--debug", *(a for i, a in enumerate(args) if a != "--debug" or i >= end)]
-    app(args)
+    try:
+        app(args)
+    except SystemExit:
+        if Stop.signum is None or Stop.said:
+            raise
+        # Stopped before a command ran (click still reading the line, the callback): typer exits 130 unsaid.
+        err_console.print(f"interrupted: {escape(Stop.note())}", highlight=False)
+        Stop.said = True
+        raise SystemExit(Stop.exit_code()) from None

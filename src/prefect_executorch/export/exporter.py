@@ -105,9 +105,12 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
 
 
 def fresh_export_dir(spec: BuildSpec, output_root: Path) -> Path:
-    """A new directory that no other export has used (the CUDA backend's .ptd name is fixed)."""
+    """A new directory that no other export has used (the CUDA backend's .ptd name is fixed), hidden until done.
+
+    A process stopped by its deadline has no time to remove it; hidden, it is never taken for an export.
+    """
     output_root.mkdir(parents=True, exist_ok=True)
-    path = output_root / f"{spec.name}-{spec.version}-{spec.target_name}-{uuid.uuid4().hex[:12]}"
+    path = output_root / f".{spec.name}-{spec.version}-{spec.target_name}-{uuid.uuid4().hex[:12]}.partial"
     path.mkdir()
     return path
 
@@ -125,7 +128,7 @@ def export_program(spec: BuildSpec, output_root: Path) -> ExportedProgramDir:
         check_input_budget(spec, bound.mib * 2**20 if bound else None, field)
     out_dir = fresh_export_dir(spec, output_root)
     try:
-        return run_isolated(
+        exported = run_isolated(
             "export",
             ExportRequest(spec=spec, out_dir=str(out_dir)),
             ExportedProgramDir,
@@ -140,3 +143,6 @@ def export_program(spec: BuildSpec, output_root: Path) -> ExportedProgramDir:
     except BaseException:
         shutil.rmtree(out_dir, ignore_errors=True)
         raise
+    done = out_dir.with_name(out_dir.name[1:].removesuffix(".partial"))
+    out_dir.rename(done)
+    return exported.model_copy(update={"out_dir": str(done)})
