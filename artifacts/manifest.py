@@ -76,7 +76,8 @@ class FileEntry(BaseModel):
     path: str = Field(description="File name inside the bundle directory.")
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    role: str = Field(description="'program', 'data' (.ptd), 'bundled' (.bpte) or 'report'.")
+    role: str = Field(description="'program', 'data' (.ptd), 'bundled' (.bpte), 'generation' (an LLM's tokenizer and "
+                      "its prompts with eager's tokens) or 'report'.")
 
     @field_validator("path")
     @classmethod

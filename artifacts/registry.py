@@ -48,6 +48,7 @@ from prefect_executorch.export.lineage import Lineage
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.spec.buildspec import BuildSpec, check_name
+from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.validate.bundled import BUNDLED_FILE, bundled_facts
@@ -78,10 +79,10 @@ class BundleRef(BaseModel):
 
 
 def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports: list[str],
-                 bundled: list[str] | None = None) -> list[FileEntry]:
+                 bundled: list[str] | None = None, generation: list[str] | None = None) -> list[FileEntry]:
     """Size and sha256 of every file of a bundle directory, with its role."""
     roles = ([(program, "program")] + [(f, "data") for f in data_files] + [(f, "bundled") for f in bundled or []]
-             + [(f, "report") for f in reports])
+             + [(f, "generation") for f in generation or []] + [(f, "report") for f in reports])
     return [
         FileEntry(path=name, size=(bundle_dir / name).stat().st_size, sha256=sha256_file(bundle_dir / name), role=role)
         for name, role in roles
@@ -335,7 +336,9 @@ def prepare_bundle(
         target=spec.target_name,
         compat=compat if compat is not None else target.compat(spec, toolchain),
         files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE],
-                           [BUNDLED_FILE] if bundled.file else []),
+                           [BUNDLED_FILE] if bundled.file else [],
+                           # A decoder LM's runner needs its tokenizer; its prompts are its own test cases.
+                           [TOKENIZER_FILE, GENERATION_CASES_FILE] if spec.llm else None),
         program=export.program,
         data_files=export.data_files,
         methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods, export.delegation),

@@ -11,6 +11,7 @@ from prefect_executorch.artifacts.reports import publish_triage_artifact, publis
 from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.progress import stage
 from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.llm import GENERATION_CASES_FILE
 from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.validate.bundled import (
     BUNDLED_FILE,
@@ -50,6 +51,10 @@ def validate_export(spec: BuildSpec, export: ExportedProgramDir, scratch_dir: Pa
     """
     title = f"{spec.name}-{spec.version}-{spec.target_name}"
     with stage("validate"):
+        if spec.llm is not None:
+            # A decoder LM's own test cases are its prompts and eager's tokens, written once they all pass.
+            return _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir,
+                             export.path / GENERATION_CASES_FILE)
         skipped = skip_reason(export.path / export.program, spec)
         bundled_out = None if skipped else export.path / BUNDLED_FILE
         report = _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir, bundled_out)

@@ -24,6 +24,7 @@ from prefect_executorch.isolation import run_isolated
 from prefect_executorch.program import MethodFacts, read_program
 from prefect_executorch.spec.buildspec import BuildSpec, check_input_budget
 from prefect_executorch.targets import PROGRAM_FILE, get_target
+from prefect_executorch.targets.base import Lowered, Target
 from prefect_executorch.targets.delegation import DelegationFacts
 
 
@@ -60,29 +61,17 @@ class ExportedProgramDir(BaseModel):
 
 
 def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
-    """Child side: load the model, export every method, lower for the target, read the result."""
-    import torch
-
-    from prefect_executorch.export.quantize import quantized_methods
-    from prefect_executorch.spec.inputs import dynamic_shapes, example_inputs
-    from prefect_executorch.spec.modelref import load_model
-
+    """Child side: load the model, export every method (an LLM: the runner's program), lower for the target, read the result."""
     started = time.monotonic()
     req = ExportRequest.model_validate(request)
     spec, out_dir = req.spec, Path(req.out_dir)
     target = get_target(spec.target_name)
-    model = load_model(spec)
-    programs = {}
-    with torch.no_grad():
-        modules, quantization = quantized_methods(model, spec)
-        # Every eager run before any export: a GPU target's export moves the (shared) model to the device.
-        args = {name: example_inputs(method, seed=spec.validation.seed) for name, method in spec.methods.items()}
-        outputs = {name: run_eager(modules[name], args[name], name, method) for name, method in spec.methods.items()}
-        for name, method in spec.methods.items():
-            programs[name] = run_torch_export(
-                lambda: target.export_method(modules[name], args[name], dynamic_shapes(method), spec),  # noqa: B023 - called at once
-                outputs[name], name, method)
-        lowered = run_lowering(lambda: target.lower(programs, spec, out_dir), target.name)
+    if spec.llm is not None:
+        from prefect_executorch.llm.export import lower_llm
+
+        lowered, quantization = lower_llm(spec, target, out_dir), None
+    else:
+        lowered, quantization = _lower_methods(spec, target, out_dir)
     pte = out_dir / PROGRAM_FILE
     if not pte.is_file():
         raise ExportFailed(f"target {target.name!r} wrote no {PROGRAM_FILE} into {out_dir}")
@@ -102,6 +91,28 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
         quantization=quantization,
         warnings=lowered.notes,
     )
+
+
+def _lower_methods(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, QuantizationFacts | None]:
+    """Run each method eagerly, export it and lower them all for ``target`` into ``out_dir``."""
+    import torch
+
+    from prefect_executorch.export.quantize import quantized_methods
+    from prefect_executorch.spec.inputs import dynamic_shapes, example_inputs
+    from prefect_executorch.spec.modelref import load_model
+
+    model = load_model(spec)
+    programs = {}
+    with torch.no_grad():
+        modules, quantization = quantized_methods(model, spec)
+        # Every eager run before any export: a GPU target's export moves the (shared) model to the device.
+        args = {name: example_inputs(method, seed=spec.validation.seed) for name, method in spec.methods.items()}
+        outputs = {name: run_eager(modules[name], args[name], name, method) for name, method in spec.methods.items()}
+        for name, method in spec.methods.items():
+            programs[name] = run_torch_export(
+                lambda: target.export_method(modules[name], args[name], dynamic_shapes(method), spec),  # noqa: B023 - called at once
+                outputs[name], name, method)
+        return run_lowering(lambda: target.lower(programs, spec, out_dir), target.name), quantization
 
 
 def fresh_export_dir(spec: BuildSpec, output_root: Path) -> Path:

@@ -18,6 +18,7 @@ from prefect_executorch.export.quantize import quantizer_versions
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.llm import model_files
 from prefect_executorch.spec.modelref import ModelRef, source_file
 
 
@@ -40,7 +41,12 @@ class BuildFingerprint(BaseModel):
 def normalized_spec(spec: BuildSpec) -> dict[str, object]:
     """The spec without what does not change the bundle: file paths (hashed instead) and time limits."""
     data = spec.model_dump(mode="json", exclude={"weights", "export_timeout_s"})
-    data["model"] = ModelRef.split(spec.model).function
+    if spec.llm is not None:
+        data["model"] = "llm"  # the directory counts by its files' content (model_source_sha256), not its path
+        data["llm"]["tokenizer"] = None  # type: ignore[index]
+    else:
+        data["model"] = ModelRef.split(spec.model).function
+        del data["llm"]  # builds of factories keep the cache key they had before `llm` existed
     validation: dict[str, Any] = data["validation"]  # type: ignore[assignment]
     validation.pop("timeout_s", None)
     # Samples are data: a file edited in place must miss the cache, a moved one must not.
@@ -63,11 +69,19 @@ def _function_digest(reference: str, field: str) -> str:
     return f"{sha256_file(source_file(reference, field))}:{ModelRef.split(reference).function}"
 
 
+def model_source_digest(spec: BuildSpec) -> str:
+    """sha256 of the model factory's source file; of an LLM's model files (names and contents) instead."""
+    if spec.llm is None:
+        return sha256_file(source_file(spec.model))
+    files = model_files(spec.model, spec.llm.tokenizer_path(spec.model))
+    return hashlib.sha256("".join(f"{path.name}:{sha256_file(path)};" for path in files).encode()).hexdigest()
+
+
 def build_fingerprint(spec: BuildSpec, toolchain: Toolchain, compat: str, store: str) -> BuildFingerprint:
     """Hash the weights and the model source and collect the rest of what decides the bundle."""
     return BuildFingerprint(
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,
-        model_source_sha256=sha256_file(source_file(spec.model)),
+        model_source_sha256=model_source_digest(spec),
         spec=normalized_spec(spec),
         toolchain={**toolchain.versions(), "os": toolchain.os, "arch": toolchain.arch,
                    # torchao (ModelOpt for TensorRT) rounds a quantized build's weights: its version decides that bundle too.

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.llm import model_files
 from prefect_executorch.spec.modelref import ModelRef, source_file
 
 GIT_TIMEOUT_S = 10
@@ -65,12 +66,16 @@ def git_state(path: Path) -> tuple[GitState | None, Path | None]:
 
 def collect_lineage(spec: BuildSpec, weights_uri: str | None = None, training_run: str | None = None) -> Lineage:
     """The lineage of a build of ``spec`` on this machine."""
-    source = source_file(spec.model).resolve()
-    git, root = git_state(source)
-    path = str(source.relative_to(root.resolve())) if root else source.name
+    if spec.llm is not None:  # a model directory: its files are the sources
+        sources = [path.resolve() for path in model_files(spec.model, spec.llm.tokenizer_path(spec.model))]
+        model = Path(spec.model).name
+    else:
+        sources, model = [source_file(spec.model).resolve()], ModelRef.split(spec.model).function
+    git, root = git_state(sources[0])
     return Lineage(
-        model=ModelRef.split(spec.model).function,
-        sources=[SourceDigest(path=path, sha256=sha256_file(source))],
+        model=model,
+        sources=[SourceDigest(path=str(source.relative_to(root.resolve())) if root and source.is_relative_to(root.resolve())
+                              else source.name, sha256=sha256_file(source)) for source in sources],
         git=git,
         weights_uri=weights_uri or spec.weights,
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,

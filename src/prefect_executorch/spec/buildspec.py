@@ -24,9 +24,12 @@ from pydantic import (
 
 from prefect_executorch.errors import SpecError
 from prefect_executorch.spec.base import StrictModel, is_safe_name
+from prefect_executorch.spec.llm import TextGenerationSpec, check_model_dir
 from prefect_executorch.spec.modelref import ModelRef, check_factory
 from prefect_executorch.spec.options import OPTIONS, TargetSpec, XnnpackOptions
 
+#: The targets an `llm:` spec builds for (the runner's program with a static KV cache).
+LLM_TARGETS = ("xnnpack", "portable")
 Dtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"]
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -418,9 +421,16 @@ class BuildSpec(StrictModel):
 
     name: str = Field(description="Model name (a path segment of the bundle key).")
     version: str = Field(description="Model version (a path segment of the bundle key).")
-    model: str = Field(description="'package.module:factory' or 'path/to/file.py:factory'.")
+    # Before `model`: the model's validator reads it (an LLM's model is a directory, not a factory).
+    llm: TextGenerationSpec | None = Field(
+        None, description="A decoder language model: `model` is its Hugging Face model directory (docs/llm.md)."
+    )
+    model: str = Field(description="'package.module:factory' or 'path/to/file.py:factory'; with `llm`, a Hugging "
+                       "Face model directory.")
     weights: str | None = Field(None, description="State dict loaded with torch.load(weights_only=True).")
-    methods: dict[str, MethodSpec] = Field(min_length=1, description="Methods of the program by name.")
+    methods: dict[str, MethodSpec] = Field(
+        default_factory=dict, description="Methods of the program by name (none with `llm`: the runner's own)."
+    )
     target: TargetSpec = Field(default_factory=XnnpackOptions, json_schema_extra=_target_names_too)
     validation: ValidationSpec = Field(default_factory=ValidationSpec)
     external_weights: bool = Field(False, description="Store weights in a .ptd beside the .pte.")
@@ -471,9 +481,31 @@ class BuildSpec(StrictModel):
 
     @field_validator("model")
     @classmethod
-    def _model_reference(cls, value: str) -> str:
-        ModelRef.check(value, noun="factory")
+    def _model_reference(cls, value: str, info: ValidationInfo) -> str:
+        if info.data.get("llm") is None:
+            ModelRef.check(value, noun="factory")
+        elif not value.strip() or ModelRef.split(value).function.isidentifier():
+            raise ValueError(f"{value!r}: with `llm`, model is the path of a Hugging Face model directory "
+                             "(config.json, safetensors weights, tokenizer.json)")
         return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> BuildSpec:
+        if self.llm is None:
+            if not self.methods:
+                raise ValueError("methods: give at least one method (or an `llm:` section for a decoder language "
+                                 "model)")
+            return self
+        given = [field for field in ("methods", "weights", "quantization") if getattr(self, field)]
+        given += ["external_weights"] if self.external_weights else []
+        given += ["validation.methods"] if self.validation.methods else []
+        if given:
+            raise ValueError(f"{', '.join(given)}: not for an `llm:` spec (its methods are the runner's, its weights "
+                             "the model directory's; quantized LLM builds are not supported yet); remove them")
+        if self.target_name not in LLM_TARGETS:
+            raise ValueError(f"target: an `llm:` spec builds for {' or '.join(LLM_TARGETS)}, not {self.target_name!r}"
+                             " (docs/llm.md)")
+        return self
 
     @property
     def target_name(self) -> str:
@@ -483,8 +515,10 @@ class BuildSpec(StrictModel):
     def canonical_json(self) -> str:
         """Key-sorted JSON of the spec, the basis of its hash."""
         data = self.model_dump(mode="json")
-        if data["quantization"] is None:
-            del data["quantization"]  # float specs keep the hash (and cache key) they had before quantization existed
+        # Specs keep the hash (and cache key) they had before these fields existed.
+        for field in ("quantization", "llm"):
+            if data[field] is None:
+                del data[field]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def sha256(self) -> str:
@@ -492,7 +526,10 @@ class BuildSpec(StrictModel):
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def check_model_reference(self) -> None:
-        """Check, without running user code, that the factory can be found."""
+        """Check, without running user code, that the factory (an LLM's model directory) can be found."""
+        if self.llm is not None:
+            check_model_dir(self.model, self.llm.tokenizer_path(self.model))
+            return
         check_factory(self.model)
         if self.weights is not None and not Path(self.weights).is_file():
             raise SpecError(f"weights: file {self.weights!r} does not exist")
@@ -600,7 +637,12 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> BuildSpec:
     if base_dir is not None:
         data = dict(data)
         model = data.get("model")
-        if isinstance(model, str) and ModelRef.split(model).is_file:
+        if isinstance(model, str) and isinstance(data.get("llm"), dict):
+            data["model"] = str((base_dir / model).resolve())
+            tokenizer = data["llm"].get("tokenizer")
+            if isinstance(tokenizer, str):
+                data["llm"] = {**data["llm"], "tokenizer": str((base_dir / tokenizer).resolve())}
+        elif isinstance(model, str) and ModelRef.split(model).is_file:
             data["model"] = _resolve_file_reference(model, base_dir)
         weights = data.get("weights")
         if isinstance(weights, str):

@@ -51,11 +51,15 @@ class CpuTarget(Target):
 
         return set(runtime_extension()._get_operator_names())
 
-    def edge_program(self, programs: Any, *, generate_etrecord: bool = False) -> Any:
-        """``programs`` in ExecuTorch's edge dialect, partitioned as this target lowers them (triage replays this)."""
+    def edge_program(self, programs: Any, *, generate_etrecord: bool = False,
+                     constant_methods: dict[str, Any] | None = None) -> Any:
+        """``programs`` in ExecuTorch's edge dialect, partitioned as this target lowers them (triage replays this).
+
+        ``constant_methods``: methods that return a constant, such as the metadata an LLM runner reads.
+        """
         from executorch.exir import to_edge
 
-        return to_edge(programs, generate_etrecord=generate_etrecord)
+        return to_edge(programs, generate_etrecord=generate_etrecord, constant_methods=constant_methods)
 
     def to_executorch(self, edge: Any, spec: BuildSpec) -> Any:
         """The edge program as an ExecuTorch program, weights inline or tagged for the ``.ptd``."""
@@ -63,8 +67,9 @@ class CpuTarget(Target):
 
         return edge.to_executorch(ExecutorchBackendConfig(external_constants=_weights_tag if spec.external_weights else False))
 
-    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> Lowered:
-        edge = self.edge_program(programs)
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path,
+              constant_methods: dict[str, Any] | None = None) -> Lowered:
+        edge = self.edge_program(programs, constant_methods=constant_methods)
         delegation = delegation_facts(edge)
         _write(self.to_executorch(edge, spec), spec, out_dir)
         return Lowered(delegation=delegation)
@@ -97,9 +102,10 @@ class XnnpackTarget(CpuTarget):
         delegate_external_constants_pass_unlifted(module=unlifted, gen_tag_fn=_weights_tag)
         return super().export_method(unlifted, args, dynamic_shapes, spec)
 
-    def edge_program(self, programs: Any, *, generate_etrecord: bool = False) -> Any:
+    def edge_program(self, programs: Any, *, generate_etrecord: bool = False,
+                     constant_methods: dict[str, Any] | None = None) -> Any:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
         from executorch.exir import to_edge_transform_and_lower
 
         return to_edge_transform_and_lower(programs, partitioner=[XnnpackPartitioner()],
-                                           generate_etrecord=generate_etrecord)
+                                           generate_etrecord=generate_etrecord, constant_methods=constant_methods)

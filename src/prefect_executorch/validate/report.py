@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, Field
 
 from prefect_executorch.export.quantize import QuantizationFacts
@@ -134,6 +136,76 @@ class MethodRow(BaseModel):
     latency_ratio: float | None
 
 
+class GenerationStats(BaseModel):
+    """The LLM runner's timing of one prompt (its own stats: milliseconds, so short runs round to zero)."""
+
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    time_to_first_token_ms: float | None = None
+
+    @classmethod
+    def of(cls, stats: Any) -> GenerationStats:
+        """From the runner's ``Stats``."""
+        prefill_ms = stats.prompt_eval_end_ms - stats.inference_start_ms
+        decode_ms = stats.inference_end_ms - stats.prompt_eval_end_ms
+        decoded = stats.num_generated_tokens - 1  # the first comes with the prefill
+        return cls(
+            prefill_tokens_per_s=stats.num_prompt_tokens * 1000 / prefill_ms if prefill_ms > 0 else None,
+            decode_tokens_per_s=decoded * 1000 / decode_ms if decode_ms > 0 and decoded > 0 else None,
+            time_to_first_token_ms=float(stats.first_token_ms - stats.inference_start_ms),
+        )
+
+
+class GenerationCase(BaseModel):
+    """One validation prompt: eager's greedy tokens and the program's, each token as its text."""
+
+    prompt: str
+    prompt_tokens: int
+    expected: list[str] = Field(description="Eager PyTorch's tokens.")
+    actual: list[str] = Field(description="The program's tokens, through ExecuTorch's LLM runner.")
+    first_divergence: int | None = Field(description="The first position where they differ (None: they agree).")
+
+    @property
+    def passed(self) -> bool:
+        """Whether the program generated what eager did."""
+        return self.first_divergence is None
+
+    def describe(self) -> str:
+        """Where the program departs from eager, in words."""
+        if self.first_divergence is None:
+            return f"prompt {self.prompt!r}: {len(self.actual)} tokens, as eager"
+        at = self.first_divergence
+        ours = repr(self.actual[at]) if at < len(self.actual) else "nothing (it stopped)"
+        theirs = repr(self.expected[at]) if at < len(self.expected) else "nothing (eager stopped)"
+        return f"prompt {self.prompt!r}: new token {at} is {ours} where eager generates {theirs}"
+
+
+class GenerationReport(BaseModel):
+    """What validating a decoder LM by generation found."""
+
+    new_tokens: int
+    cases: list[GenerationCase]
+    stats: list[GenerationStats] = Field(default_factory=list, description="The runner's timing per prompt.")
+
+    @property
+    def passed(self) -> bool:
+        """Whether every prompt generated what eager did."""
+        return all(case.passed for case in self.cases)
+
+    def agreement(self) -> float:
+        """Share of eager's tokens the program generated the same, before each prompt's first divergence."""
+        total = sum(len(case.expected) for case in self.cases)
+        same = sum(len(case.expected) if case.passed else case.first_divergence or 0 for case in self.cases)
+        return same / total if total else 1.0
+
+    def describe(self) -> str:
+        """The first failed prompt, or how many agreed."""
+        failed = next((case for case in self.cases if not case.passed), None)
+        if failed is not None:
+            return failed.describe()
+        return f"{len(self.cases)} prompts, every token as eager's"
+
+
 class ValidationSummary(BaseModel):
     """What a manifest keeps of a validation."""
 
@@ -155,6 +227,9 @@ class ValidationSummary(BaseModel):
     )
     lowering_rel_error: float | None = Field(
         default=None, description="Worst |program - quantized eager| / |quantized eager| over all outputs."
+    )
+    generation_agreement: float | None = Field(
+        default=None, description="A decoder LM's share of eager's greedy tokens its program generated the same."
     )
 
 
@@ -178,6 +253,7 @@ class ValidationReport(BaseModel):
     gates: list[GateResult] = Field(default_factory=list)
     memory_bound: str = Field("none", description="How the validating child was bounded: address space, a watch on "
                               "its resident memory (children that initialise CUDA), or none.")
+    generation: GenerationReport | None = Field(default=None, description="A decoder LM's validation by generation.")
 
     def failures(self) -> list[CaseResult]:
         """The cases that failed."""
@@ -195,7 +271,9 @@ class ValidationReport(BaseModel):
         return max(pairs, key=lambda pair: (not pair[1].passed, pair[1].mismatch_fraction, pair[1].max_abs))
 
     def describe_worst(self) -> str | None:
-        """One line on the worst failure: a failed call, else a failed output, else a failed gate."""
+        """One line on the worst failure: a failed call, else a failed output, else a failed gate (an LLM: its prompts)."""
+        if self.generation is not None:
+            return self.generation.describe()
         failed_call = next((case for case in self.cases if case.error), None)
         if failed_call is not None:
             return f"{failed_call.where}: {failed_call.error}"
@@ -269,8 +347,10 @@ class ValidationReport(BaseModel):
         cosines = [o.cosine for c in self.cases for o in c.outputs if o.cosine is not None]
         return ValidationSummary(
             passed=self.passed,
-            cases=len(self.cases),
-            failed_cases=len(self.failures()),
+            # A decoder LM's cases are its prompts.
+            cases=len(self.generation.cases) if self.generation else len(self.cases),
+            failed_cases=sum(not case.passed for case in self.generation.cases) if self.generation
+            else len(self.failures()),
             shapes=shapes,
             worst=self.describe_worst(),
             worst_max_abs=max((o.max_abs for c in self.cases for o in c.outputs), default=0.0),
@@ -281,6 +361,7 @@ class ValidationReport(BaseModel):
             quantization=self.quantization,
             quantization_rel_error=self._worst_rel_error("quantization_error"),
             lowering_rel_error=self._worst_rel_error("lowering_error"),
+            generation_agreement=self.generation.agreement() if self.generation else None,
         )
 
     def _worst_rel_error(self, field: str) -> float | None:

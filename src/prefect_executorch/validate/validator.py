@@ -201,6 +201,10 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
 
     req = ValidateRequest.model_validate(request)
     spec, bundle = req.spec, Path(req.bundle_dir)
+    if spec.llm is not None:
+        from prefect_executorch.llm.generation import validate_generation
+
+        return validate_generation(req)
     get_target(spec.target_name).runtime_setup()
     data = bundle / req.data_files[0] if req.data_files else None
     started = time.monotonic()
@@ -282,6 +286,10 @@ def require_passed(report: ValidationReport, triage: TriageReport | None = None)
         return
     parts = []
     failed = report.failures()
+    if report.generation is not None:
+        failed_prompts = [case for case in report.generation.cases if not case.passed]
+        parts.append(f"{len(failed_prompts)} of {len(report.generation.cases)} prompts generated other tokens than "
+                     "eager PyTorch")
     if failed:
         parts.append(f"{len(failed)} of {len(report.cases)} validation cases failed")
     parts += [gate.describe() for gate in report.failed_gates()]

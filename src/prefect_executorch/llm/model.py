@@ -1,0 +1,57 @@
+"""Load an `llm:` spec's model and tokenizer, offline, and check that they belong together."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prefect_executorch.errors import SpecError
+from prefect_executorch.spec.buildspec import BuildSpec
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedModel
+
+#: Architectures (config ``model_type``) whose export and generation this project tests (tests/test_llm.py).
+SUPPORTED_ARCHITECTURES = ("gemma3_text", "llama", "qwen2", "qwen3")
+
+
+def load_tokenizer(spec: BuildSpec) -> Tokenizer:
+    """The spec's ``tokenizer.json``, as ``tokenizers`` reads it (what the runner's tokenizer reads too)."""
+    from tokenizers import Tokenizer
+
+    assert spec.llm is not None
+    path = spec.llm.tokenizer_path(spec.model)
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises its own Exception for a file it cannot parse
+        raise SpecError(f"llm.tokenizer: {path} is not a tokenizer.json that `tokenizers` reads: {exc}") from exc
+
+
+def load_causal_lm(spec: BuildSpec) -> PreTrainedModel:
+    """The model directory's causal LM in float32, eval mode, loaded from local files only."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(spec.model, local_files_only=True)
+    architecture = getattr(config, "model_type", None)
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise SpecError(f"model: architecture {architecture!r} ({spec.model}) is not supported; supported: "
+                        f"{', '.join(SUPPORTED_ARCHITECTURES)} (decoder-only text models; docs/llm.md)")
+    model = AutoModelForCausalLM.from_pretrained(spec.model, local_files_only=True, dtype=torch.float32)
+    return model.eval()
+
+
+def check_vocabulary(model: PreTrainedModel, tokenizer: Tokenizer) -> None:
+    """Refuse a tokenizer whose ids the model's embedding cannot take."""
+    vocab = model.config.get_text_config().vocab_size
+    if tokenizer.get_vocab_size() > vocab:
+        raise SpecError(f"llm.tokenizer: it has {tokenizer.get_vocab_size()} tokens, more than the model's vocab_size "
+                        f"of {vocab}: they do not belong together; give the model's own tokenizer.json")
+
+
+def eos_ids(model: PreTrainedModel) -> list[int]:
+    """The ids that end generation: the generation config's, else the model config's."""
+    found: Any = getattr(model.generation_config, "eos_token_id", None)
+    if found is None:
+        found = model.config.get_text_config().eos_token_id
+    return [] if found is None else [found] if isinstance(found, int) else list(found)

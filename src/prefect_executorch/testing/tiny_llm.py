@@ -1,0 +1,61 @@
+"""Small decoder LMs made here, for tests, the demo and benchmarks: a config with random weights, no hub.
+
+The tokenizer is a byte-level BPE trained by ``tokenizers`` on a few sentences, without the full byte
+alphabet: every token is whole UTF-8, as the LLM runner's Python token callback needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: Architectures ``write_tiny_llm`` makes: config ``model_type`` -> (config class, model class) names in transformers.
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+}
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a model turns tokens into text and text into tokens",
+    "prefect runs flows of tasks on workers",
+    "executorch runs programs on phones and servers",
+    "The capital of France is Paris. def fibonacci(n): return n",
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10",
+]
+BOS, EOS = "<s>", "</s>"
+
+
+def write_tokenizer(path: Path, vocab_size: int = 320) -> int:
+    """Train a byte-level BPE on ``CORPUS`` and save it as ``path``; its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS]))
+    tokenizer.save(str(path))
+    return int(tokenizer.get_vocab_size())
+
+
+def write_tiny_llm(model_dir: Path, architecture: str = "llama", *, hidden_size: int = 64, layers: int = 2,
+                   seed: int = 0, **config: Any) -> Path:
+    """A Hugging Face model directory (config.json, model.safetensors, tokenizer.json) of a small random model."""
+    import torch
+    import transformers
+
+    config_class, model_class = ARCHITECTURES[architecture]
+    model_dir.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(model_dir / "tokenizer.json")
+    settings: dict[str, Any] = dict(
+        vocab_size=vocab, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=512,
+        bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False,
+    )
+    if architecture == "gemma3_text":
+        settings.update(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * (layers // 2))
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**settings | config))
+    model.save_pretrained(model_dir)
+    return model_dir
