@@ -68,7 +68,7 @@ def test_published_bundle_carries_its_cases_and_verifies_here(built: tuple[Path,
     assert pulled.returncode == 0, pulled.stderr
     verified = _cli("verify", str(root / "pulled"), cwd=root)
     assert verified.returncode == 0, verified.stderr
-    assert "its bundled cases pass on this machine" in " ".join(pulled.stdout.split())
+    assert "all 5 bundled cases pass on this machine (encode, forward)" in " ".join(pulled.stdout.split())
     assert "all 5 bundled cases pass on this machine (encode, forward)" in " ".join(verified.stdout.split())
 
 

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from prefect_executorch.cli.signals import NOTHING_PUBLISHED, Stop
-from prefect_executorch.errors import Interrupted, PrefectExecutorchError
+from prefect_executorch.errors import Interrupted, NotABundle, PrefectExecutorchError
 
 if TYPE_CHECKING:
     from prefect_executorch.cli.embedded import ApiStart
@@ -312,6 +312,7 @@ def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     """Where the bundle is, what it runs on and how it validated; fresh build or cache hit; each stage's time."""
     from prefect_executorch.artifacts.registry import read_manifest
     from prefect_executorch.artifacts.urls import open_store
+    from prefect_executorch.spec.llm import RUNNER_METADATA
 
     store = open_store(ref.store)
     manifest, _ = read_manifest(store, ref.key)
@@ -321,11 +322,18 @@ def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     console.print(f"compat {manifest.compat}; manifest sha256 {ref.manifest_sha256}")
     fractions = manifest.validation.delegated_fraction
     for method, delegates in manifest.delegates().items():
+        if method in RUNNER_METADATA:
+            continue
         fraction = fractions.get(method)
         share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""
         error = f"; worst max abs error {worst[method]:.3g}" if method in worst else ""
         console.print(f"  {method}: delegates {count_names(delegates)}{share}{error}")
-    console.print(f"validation: {manifest.validation.cases} cases passed; worst: {escape(manifest.validation.worst or '-')}")
+    if manifest.validation.generation_agreement is not None:
+        console.print(f"validation: {manifest.validation.cases} prompts through ExecuTorch's LLM runner: "
+                      f"{escape(manifest.validation.worst or '-')}")
+    else:
+        console.print(f"validation: {manifest.validation.cases} cases passed; worst: "
+                      f"{escape(manifest.validation.worst or '-')}")
     console.print("stages: " + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
 
 
@@ -481,16 +489,28 @@ def inspect(
 
 @app.command()
 @handle_errors
-def verify(bundle_dir: Path = typer.Argument(..., metavar="BUNDLE_DIR", help="A bundle directory (with manifest.json and model.bpte).")) -> None:
+def verify(bundle_dir: Path = typer.Argument(..., metavar="BUNDLE_DIR", help="A bundle directory (with manifest.json and its test cases).")) -> None:
     """Check every file against the manifest, then run the bundle's own test cases on this machine."""
     from prefect_executorch.artifacts.registry import verify_bundle_dir
+
+    console.print(f"[bold green]{_run_own_cases(bundle_dir, verify_bundle_dir(bundle_dir))}[/]")
+
+
+def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = None, shown_as: Path | None = None) -> str:
+    """Run a bundle's own test cases here: a decoder LM's prompts through the LLM runner, else its ``.bpte``.
+
+    One child, so spawned: the forkserver's export imports cost ~4 s more than the runtime's own.
+    """
+    if any(entry.role == "generation" for entry in manifest.files):
+        from prefect_executorch.llm.cases import run_generation_cases
+
+        report = run_generation_cases(bundle_dir, scratch_dir=scratch_dir, shown_as=shown_as, start="spawn")
+        return f"all {len(report.cases)} prompts generate eager's tokens through the LLM runner on this machine"
     from prefect_executorch.validate.bundled import run_bundled_cases
 
-    manifest = verify_bundle_dir(bundle_dir)
-    # One child, so spawned: the forkserver's export imports cost ~4 s more than the runtime's own.
-    check = run_bundled_cases(bundle_dir, manifest.target, manifest.data_files, manifest.bundled, start="spawn")
-    console.print(f"[bold green]all {len(check.results)} bundled cases pass on this machine[/] "
-                  f"({', '.join(sorted({r.method for r in check.results}))})")
+    check = run_bundled_cases(bundle_dir, manifest.target, manifest.data_files, manifest.bundled,
+                              scratch_dir=scratch_dir, shown_as=shown_as, start="spawn")
+    return f"all {len(check.results)} bundled cases pass on this machine ({', '.join(sorted({r.method for r in check.results}))})"
 
 
 @app.command()
@@ -534,23 +554,22 @@ def pull(
     compat: str = typer.Option("auto", "--compat", help="'auto' (fits this machine) or a compat key."),
     store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
-    run_cases: bool = typer.Option(False, "--verify", help="Also run the bundle's test cases (model.bpte) here first."),
+    run_cases: bool = typer.Option(False, "--verify", help="Also run the bundle's test cases (model.bpte, an LLM's prompts) here first."),
 ) -> None:
     """Download a bundle, verify every sha256 and the .pte/.ptd pairing, then move it into place."""
     from prefect_executorch.artifacts import registry
     from prefect_executorch.artifacts.catalog import resolve
-    from prefect_executorch.validate.bundled import run_bundled_cases
 
     opened = _open(store, endpoint_url)
     resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
+    ran: list[str] = []
     manifest = registry.pull(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256, check=(
-        (lambda staged, got: run_bundled_cases(staged, got.target, got.data_files, got.bundled, scratch_dir=to.parent,
-                                               shown_as=to, start="spawn"))
+        (lambda staged, got: ran.append(_run_own_cases(staged, got, scratch_dir=to.parent, shown_as=to)))
         if run_cases else None))
     console.print(f"[bold green]pulled[/] {resolved.key.prefix} ({resolved.reason}) into {to}")
     console.print(f"{len(manifest.files)} files verified; program {manifest.program}"
                   + (f" with {', '.join(manifest.data_files)}" if manifest.data_files else "")
-                  + ("; its bundled cases pass on this machine" if run_cases else ""))
+                  + "".join(f"; {line}" for line in ran))
 
 
 @app.command()
@@ -605,6 +624,46 @@ def promote(
         emit_promoted(record, opened.url)
     for line in record.overridden:
         console.print(f"[yellow]forced over:[/] {escape(line)}")
+
+
+@app.command()
+@handle_errors
+def generate(
+    bundle: str = typer.Argument(..., metavar="BUNDLE", help="A decoder-LM bundle: its folder, or its model name in the store."),
+    prompt: str = typer.Argument(..., metavar="PROMPT", help="Text to continue."),
+    new_tokens: int = typer.Option(32, "--new-tokens", min=1, help="Tokens to generate at most (greedy)."),
+    version: str | None = typer.Option(None, "--version", help="Version to use (with a model name)."),
+    alias: str | None = typer.Option(None, "--alias", help="Alias to use (with a model name): prod, staging..."),
+    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
+    endpoint_url: str | None = typer.Option(None, "--endpoint-url", help=_ENDPOINT_HELP),
+) -> None:
+    """Continue PROMPT with a decoder-LM bundle through ExecuTorch's LLM runner; print the text and the runner's speed."""
+    from prefect_executorch.artifacts import registry
+    from prefect_executorch.artifacts.manifest import MANIFEST_FILE
+    from prefect_executorch.llm.cases import generate as run_generate
+    from prefect_executorch.scratch import scratch_dir
+
+    with scratch_dir("generate") as scratch:
+        # A model name is one path segment; a folder is a path, or the folder of a bundle here.
+        if "/" in bundle or (Path(bundle) / MANIFEST_FILE).is_file():
+            folder, manifest = Path(bundle), registry.verify_bundle_dir(Path(bundle))
+        else:
+            from prefect_executorch.artifacts.catalog import resolve
+
+            opened = _open(store, endpoint_url)
+            resolved = resolve(opened, bundle, version=version, alias=alias, compat="auto")
+            folder = scratch / "bundle"
+            manifest = registry.pull(opened, resolved.key, folder, manifest_sha256=resolved.manifest_sha256)
+        if not any(entry.role == "generation" for entry in manifest.files):
+            raise NotABundle(f"{manifest.key.prefix} is no decoder-LM bundle (it has no tokenizer.json); `generate` "
+                             "runs bundles built from an `llm:` spec")
+        generated = run_generate(folder, prompt, new_tokens, start="spawn")
+    console.print(escape(prompt + "".join(generated.pieces)), highlight=False)
+    stats = generated.stats
+    speeds = [f"{label} {value:,.0f}{unit}" for label, value, unit in (
+        ("prefill", stats.prefill_tokens_per_s, " tokens/s"), ("decode", stats.decode_tokens_per_s, " tokens/s"),
+        ("first token", stats.time_to_first_token_ms, " ms")) if value is not None]
+    err_console.print(f"{len(generated.pieces)} tokens by ExecuTorch's LLM runner; " + ", ".join(speeds), highlight=False)
 
 
 @app.command("ls")

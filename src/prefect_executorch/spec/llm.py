@@ -17,6 +17,9 @@ from prefect_executorch.spec.base import StrictModel
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,")
 #: What a model directory's tokenizer file is called, and the name it has in a bundle.
 TOKENIZER_FILE = "tokenizer.json"
+#: The constant methods ExecuTorch's LLM runner reads from the program (extension/llm/runner/constants.h).
+RUNNER_METADATA = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_bos_id", "get_eos_ids",
+                   "use_kv_cache", "enable_dynamic_shape", "use_sdpa_with_kv_cache")
 #: The bundle's own test cases: its prompts and eager's tokens, which `verify` runs through the runner again.
 GENERATION_CASES_FILE = "generation_cases.json"
 

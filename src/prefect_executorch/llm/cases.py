@@ -1,0 +1,96 @@
+"""A decoder-LM bundle's own test cases (its prompts and eager's tokens) run again through the LLM runner,
+and ``generate``: one prompt through the runner, each in a child process."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
+from prefect_executorch.isolation import StartMethod, run_isolated
+from prefect_executorch.llm.generation import GenerationCases, compare_generation, runner_greedy
+from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
+from prefect_executorch.targets import PROGRAM_FILE
+from prefect_executorch.validate.report import GenerationReport, GenerationStats
+
+#: Wall-time limit of a child that runs a bundle's prompts (a small model takes seconds).
+CASES_TIMEOUT_S = 600.0
+
+
+class RunnerRequest(BaseModel):
+    """What a child that drives the LLM runner over a bundle gets."""
+
+    bundle_dir: str
+    prompt: str | None = None
+    new_tokens: int | None = None
+
+
+class Generated(BaseModel):
+    """One prompt's text through the runner, and the runner's timing."""
+
+    pieces: list[str]
+    stats: GenerationStats
+
+
+def _runner(bundle: Path) -> Any:
+    from executorch.extension.llm.runner import TextLLMRunner
+
+    return TextLLMRunner(str(bundle / PROGRAM_FILE), str(bundle / TOKENIZER_FILE))
+
+
+def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
+    """Child side: every prompt of the bundle's generation cases through the runner, compared with eager's tokens."""
+    from tokenizers import Tokenizer
+
+    bundle = Path(RunnerRequest.model_validate(request).bundle_dir)
+    cases = GenerationCases.model_validate_json((bundle / GENERATION_CASES_FILE).read_text())
+    tokenizer, runner = Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), _runner(bundle)
+    results, timings = [], []
+    for prompt, expected in zip(cases.prompts, cases.expected, strict=True):
+        actual, timing = runner_greedy(runner, prompt, cases.new_tokens)
+        tokens = len(tokenizer.encode(prompt, add_special_tokens=False).ids)
+        results.append(compare_generation(prompt, tokens, expected, actual))
+        timings.append(timing)
+    return GenerationReport(new_tokens=cases.new_tokens, cases=results, stats=timings)
+
+
+def generate_in_child(request: dict[str, Any]) -> Generated:
+    """Child side: one prompt through the runner, greedily."""
+    req = RunnerRequest.model_validate(request)
+    assert req.prompt is not None and req.new_tokens is not None
+    pieces, stats = runner_greedy(_runner(Path(req.bundle_dir)), req.prompt, req.new_tokens)
+    return Generated(pieces=pieces, stats=stats)
+
+
+def run_generation_cases(bundle_dir: Path, *, scratch_dir: Path | None = None, shown_as: Path | None = None,
+                         start: StartMethod | None = None) -> GenerationReport:
+    """Run a decoder-LM bundle's prompts on this machine; ``ValidationFailed`` naming the first that departs."""
+    where = shown_as or bundle_dir
+    report = _in_child("verify-generation", RunnerRequest(bundle_dir=str(bundle_dir)), GenerationReport,
+                       f"the generation cases of {where}", scratch_dir, start)
+    failed = [case for case in report.cases if not case.passed]
+    if failed:
+        raise ValidationFailed(f"{len(failed)} of {len(report.cases)} prompts of {where / GENERATION_CASES_FILE} "
+                               f"generate other tokens on this machine: {failed[0].describe()}; do not deploy it on "
+                               "this machine")
+    return report
+
+
+def generate(bundle_dir: Path, prompt: str, new_tokens: int, *, start: StartMethod | None = None) -> Generated:
+    """``prompt`` continued greedily by the bundle's program through ExecuTorch's LLM runner (in a child)."""
+    return _in_child("generate", RunnerRequest(bundle_dir=str(bundle_dir), prompt=prompt, new_tokens=new_tokens),
+                     Generated, f"generation with {bundle_dir}", None, start)
+
+
+def _in_child(command: str, request: RunnerRequest, result: type[Any], what: str, scratch_dir: Path | None,
+              start: StartMethod | None) -> Any:
+    with tempfile.TemporaryDirectory(prefix="llm-", dir=scratch_dir) as scratch:
+        try:
+            return run_isolated(command, request, result, timeout_s=CASES_TIMEOUT_S, scratch_dir=Path(scratch),
+                                what=what, start=start)
+        except ChildProcessFailed as exc:
+            raise ValidationFailed(f"{exc}; the program did not run through the LLM runner on this machine",
+                                   child_output=exc.child_output) from exc
