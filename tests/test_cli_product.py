@@ -355,13 +355,17 @@ def _interrupt_a_build(work: Path, how: str, status: int, moment: str, delay: fl
         os.killpg(cli.pid, signal.SIGINT)
     else:
         cli.send_signal(signal.SIGTERM)
+    where = f"{how} at {moment} + {delay} s"
     try:
-        out, err = cli.communicate(timeout=60)
+        cli.wait(timeout=60)
+        took = time.monotonic() - sent
+        # Its output ends when the last process holding its pipes does: one left running shows here, named.
+        out, err = cli.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        raise AssertionError((where, f"exit status {cli.poll()}", "still running:", _processes_with(marker))) from None
     finally:
         if cli.poll() is None:
             os.killpg(cli.pid, signal.SIGKILL)
-    took = time.monotonic() - sent
-    where = f"{how} at {moment} + {delay} s"
     assert cli.returncode == status, (where, out, err)
     assert err.strip() == "interrupted: nothing published", (where, err)
     assert took < 5, (where, took)

@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, Field
 
 from prefect_executorch import errors
+from prefect_executorch.stopping import kill_descendants
 
 #: Commands a child can run: name -> "module:function" taking the request JSON, returning a model.
 COMMANDS: dict[str, str] = {
@@ -144,12 +145,14 @@ def stop_forkserver() -> None:
     """Kill the forkserver now (an interrupted command must leave nothing running).
 
     It ignores SIGINT, and while it still imports its preload it would notice its parent's exit only
-    when done. Each child is in a session of its own and is killed by ``run_isolated`` on its way out.
+    when done. Its children go first: ``run_isolated`` kills the one it started, but one forked while the
+    stop came (before the parent learnt its pid) would outlive everything, in a session of its own.
     """
     server: Any = multiprocessing.forkserver._forkserver  # type: ignore[attr-defined]  # CPython's one server
     pid = server._forkserver_pid
     if pid is None:
         return
+    kill_descendants(pid)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -44,10 +44,10 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_descendants() -> None:
-    """SIGKILL every process this one started, and the whole group of each that leads its own session."""
+def kill_descendants(root: int | None = None) -> None:
+    """SIGKILL every process under ``root`` (default: this one), and the whole group of each that leads its own session."""
     own_group = os.getpgrp()
-    for pid in descendants(os.getpid()):
+    for pid in descendants(root or os.getpid()):
         try:
             group = os.getpgid(pid)
             if group == pid and group != own_group:

@@ -1,0 +1,183 @@
+"""Decoder language models: made here from transformers configs (random weights, a tokenizer trained in the test),
+exported for ExecuTorch's LLM runner and judged by what they generate against eager PyTorch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prefect_executorch.errors import SpecError, ValidationFailed
+from prefect_executorch.export.exporter import ExportedProgramDir, export_program
+from prefect_executorch.llm.model import load_causal_lm
+from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
+from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
+from prefect_executorch.testing.tiny_llm import write_tiny_llm
+from prefect_executorch.validate.validator import require_passed, validate_program
+
+CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+#: Short runs: a cache of 40 positions, 12 new tokens per prompt (the sliding window of the Gemma 3 model is 8).
+LLM = {"max_seq_len": 40, "new_tokens": 12, "prompts": ["the quick brown", "prefect runs", "1, 2, 3,"]}
+
+
+def llm_spec(model_dir: Path, **llm: Any) -> BuildSpec:
+    return parse_spec({"name": "tiny", "version": "1", "model": str(model_dir), "llm": {**LLM, **llm}})
+
+
+def export_and_validate(spec: BuildSpec, out: Path) -> tuple[ExportedProgramDir, Any]:
+    export = export_program(spec, out)
+    report = validate_program(spec, export.path, export.data_files, scratch_dir=out,
+                              bundled_out=export.path / GENERATION_CASES_FILE)
+    return export, report
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("llms")
+    for architecture in ("llama", "qwen2", "qwen3", "gemma3_text"):
+        write_tiny_llm(root / architecture, architecture)
+    write_tiny_llm(root / "llama-other-seed", "llama", seed=1)
+    return root
+
+
+# --- the spec -----------------------------------------------------------------------------------------------
+
+def test_an_llm_spec_names_a_model_directory_and_takes_defaults(tmp_path: Path) -> None:
+    (tmp_path / "spec.yaml").write_text("name: tiny\nversion: '1'\nmodel: ./my-model\nllm: {}\n")
+    spec = load_spec(tmp_path / "spec.yaml")
+    assert spec.model == str(tmp_path / "my-model")  # resolved against the spec's folder
+    assert spec.llm is not None and spec.llm.max_seq_len == 128 and spec.llm.new_tokens == 32
+    assert len(spec.llm.prompts) == 3 and spec.methods == {} and spec.target_name == "xnnpack"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"methods": {"forward": {"inputs": [{"name": "x", "shape": [1]}]}}}, "methods: not for an `llm:` spec"),
+    ({"quantization": {"scheme": "int8da4w"}}, "quantization: not for an `llm:` spec"),
+    ({"target": "cuda"}, "target: an `llm:` spec builds for xnnpack or portable, not 'cuda'"),
+    ({"model": "models.py:make"}, "with `llm`, model is the path of a Hugging Face model directory"),
+    ({"llm": {"new_tokens": 200}}, "new_tokens (200) must be below max_seq_len (128)"),
+    ({"llm": {"prompts": ["  "]}}, "prompts[0] is empty"),
+    ({"llm": {"max_seq_lenn": 64}}, "did you mean 'max_seq_len'"),
+])
+def test_a_wrong_llm_spec_is_refused_in_its_own_words(extra: dict[str, Any], message: str) -> None:
+    data = {"name": "tiny", "version": "1", "model": "/models/tiny", "llm": {}, **extra}
+    with pytest.raises(SpecError) as caught:
+        parse_spec(data)
+    assert message in str(caught.value)
+
+
+def test_a_missing_model_directory_or_tokenizer_is_named_before_any_work(tmp_path: Path) -> None:
+    cases = [(tmp_path / "absent", "is not a directory"), (tmp_path, "has no config.json")]
+    for model_dir, message in cases:
+        with pytest.raises(SpecError, match=message):
+            llm_spec(model_dir).check_model_reference()
+    model_dir = write_tiny_llm(tmp_path / "m", "llama", hidden_size=16)
+    (model_dir / TOKENIZER_FILE).unlink()
+    with pytest.raises(SpecError, match="llm.tokenizer: .* does not exist"):
+        llm_spec(model_dir).check_model_reference()
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_and_an_unsupported_architecture_are_refused(
+    models: Path, tmp_path: Path,
+) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    small = write_tiny_llm(tmp_path / "small-vocab", "llama", hidden_size=16, vocab_size=64)
+    with pytest.raises(SpecError, match=r"llm.tokenizer: it has \d+ tokens, more than the model's vocab_size of 64"):
+        export_program(llm_spec(small), tmp_path / "out")
+    gpt2 = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=400)).save_pretrained(gpt2)
+    (gpt2 / TOKENIZER_FILE).write_bytes((models / "llama" / TOKENIZER_FILE).read_bytes())
+    with pytest.raises(SpecError, match="architecture 'gpt2' .* is not supported; supported: gemma3_text, llama"):
+        load_causal_lm(llm_spec(gpt2))  # what the export child calls first
+    assert not (tmp_path / "out").exists() or not any(p for p in (tmp_path / "out").iterdir() if not p.name.startswith("."))
+
+
+# --- export and validation by generation ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3_text"])
+def test_models_nobody_here_wrote_generate_what_eager_does_through_the_runner(
+    models: Path, tmp_path: Path, architecture: str,
+) -> None:
+    """Gemma 3's sliding window (8 positions) is passed: prompt + 12 new tokens run past it."""
+    export, report = export_and_validate(llm_spec(models / architecture), tmp_path)
+    generation = report.generation
+    assert report.passed, report.describe_worst()
+    assert generation is not None and len(generation.cases) == 3
+    assert all(len(case.actual) == len(case.expected) > 0 for case in generation.cases)
+    assert generation.agreement() == 1.0
+    cases = json.loads((export.path / GENERATION_CASES_FILE).read_text())
+    assert cases["expected"] == [case.expected for case in generation.cases]
+    assert (export.path / TOKENIZER_FILE).read_bytes() == (models / architecture / TOKENIZER_FILE).read_bytes()
+
+
+def test_a_program_whose_generation_departs_from_eager_is_refused(built_llama: Path, models: Path, tmp_path: Path) -> None:
+    """The program of one model judged against another with other weights: the report names prompt, position, tokens."""
+    other = llm_spec(models / "llama-other-seed")
+    report = validate_program(other, built_llama / "pulled", [], scratch_dir=tmp_path, bundled_out=tmp_path / "cases.json")
+    assert not report.passed and report.generation is not None
+    failed = next(case for case in report.generation.cases if not case.passed)
+    at = failed.first_divergence
+    assert at is not None and failed.actual[at] != failed.expected[at]
+    assert report.describe_worst() == (f"prompt {failed.prompt!r}: new token {at} is {failed.actual[at]!r} where "
+                                       f"eager generates {failed.expected[at]!r}")
+    agreement = report.summary().generation_agreement
+    assert agreement is not None and agreement < 1.0
+    assert not (tmp_path / "cases.json").exists()  # a failed validation writes no test cases
+    with pytest.raises(ValidationFailed, match=r"of 3 prompts generated other tokens than eager PyTorch; worst: prompt"):
+        require_passed(report)
+
+
+# --- the product, as a user runs it ---------------------------------------------------------------------------
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def built_llama(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A user's build of the Llama directory, pulled with --verify: the folder they worked in."""
+    work = tmp_path_factory.mktemp("llama-user")
+    (work / "llm.yaml").write_text(
+        f"name: tiny-llama\nversion: '1'\nmodel: {models / 'llama'}\n"
+        f"llm:\n  max_seq_len: 40\n  new_tokens: 12\n  prompts: {json.dumps(LLM['prompts'])}\n")
+    built = _cli("build", "llm.yaml", cwd=work)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "validation: 3 prompts through ExecuTorch's LLM runner: 3 prompts, every token as eager's" in built.stdout
+    assert "get_max_seq_len" not in built.stdout  # the runner's metadata methods are not the user's methods
+    pulled = _cli("pull", "tiny-llama", "--version", "1", "--to", "pulled", "--verify", cwd=work)
+    assert pulled.returncode == 0, pulled.stderr[-3000:]
+    assert "all 3 prompts generate eager's tokens through the LLM runner on this machine" in pulled.stdout
+    return work
+
+
+def test_a_user_builds_verifies_and_generates_with_a_llama_directory(built_llama: Path) -> None:
+    work = built_llama
+    manifest = json.loads((work / "pulled" / "manifest.json").read_text())
+    assert {f["path"]: f["role"] for f in manifest["files"]}[TOKENIZER_FILE] == "generation"
+    expected = json.loads((work / "pulled" / GENERATION_CASES_FILE).read_text())["expected"][0]
+    generated = _cli("generate", "./pulled", "the quick brown", "--new-tokens", "12", cwd=work)
+    assert generated.returncode == 0, generated.stderr[-3000:]
+    assert generated.stdout.rstrip("\n") == "the quick brown" + "".join(expected)
+    assert f"{len(expected)} tokens by ExecuTorch's LLM runner" in generated.stderr
+    from_store = _cli("generate", "tiny-llama", "prefect runs", "--version", "1", cwd=work)
+    assert from_store.returncode == 0 and from_store.stdout.startswith("prefect runs"), from_store.stderr[-3000:]
+    tensor_bundle = _cli("generate", str(work / "store"), "x", cwd=work)
+    assert tensor_bundle.returncode == 2 and "has no manifest.json" in tensor_bundle.stderr, tensor_bundle.stderr
+
+
+def test_a_changed_generation_case_is_caught_by_verify(built_llama: Path, tmp_path: Path) -> None:
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(built_llama / "pulled", copy)
+    cases = copy / GENERATION_CASES_FILE
+    cases.write_text(cases.read_text().replace('"new_tokens": 12', '"new_tokens": 11'))
+    tampered = _cli("verify", str(copy), cwd=tmp_path)
+    assert tampered.returncode != 0 and GENERATION_CASES_FILE in tampered.stderr, tampered.stderr
