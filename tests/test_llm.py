@@ -100,12 +100,21 @@ def test_a_tokenizer_larger_than_the_vocabulary_and_an_unsupported_architecture_
 
 # --- export and validation by generation ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("architecture", ["qwen2", "qwen3", "gemma3_text"])
+ARCHITECTURES = ["qwen2", "qwen3", "gemma3_text"]
+
+
+@pytest.fixture(scope="module")
+def exported(models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[ExportedProgramDir, Any]]:
+    """Each architecture exported and validated once: its export directory and its report."""
+    return {arch: export_and_validate(llm_spec(models / arch), tmp_path_factory.mktemp(arch)) for arch in ARCHITECTURES}
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_models_nobody_here_wrote_generate_what_eager_does_through_the_runner(
-    models: Path, tmp_path: Path, architecture: str,
+    exported: dict[str, tuple[ExportedProgramDir, Any]], models: Path, architecture: str,
 ) -> None:
     """Gemma 3's sliding window (8 positions) is passed: prompt + 12 new tokens run past it."""
-    export, report = export_and_validate(llm_spec(models / architecture), tmp_path)
+    export, report = exported[architecture]
     generation = report.generation
     assert report.passed, report.describe_worst()
     assert generation is not None and len(generation.cases) == 3
@@ -114,6 +123,28 @@ def test_models_nobody_here_wrote_generate_what_eager_does_through_the_runner(
     cases = json.loads((export.path / GENERATION_CASES_FILE).read_text())
     assert cases["expected"] == [case.expected for case in generation.cases]
     assert (export.path / TOKENIZER_FILE).read_bytes() == (models / architecture / TOKENIZER_FILE).read_bytes()
+
+
+def test_side_by_side_of_two_llm_bundles_compares_their_tokens_and_times_a_generation(
+    exported: dict[str, tuple[ExportedProgramDir, Any]], tmp_path: Path,
+) -> None:
+    """What a promotion runs: the candidate's prompts through both bundles' runners, one generation timed on each."""
+    from prefect_executorch.isolation import run_isolated
+    from prefect_executorch.spec.buildspec import ValidationSpec
+    from prefect_executorch.validate.sidebyside import ProgramFiles, SideBySide, SideBySideRequest
+
+    def side_by_side(current: str, candidate: str) -> Any:
+        files = {role: ProgramFiles(dir=str(exported[arch][0].path), program="model.pte")
+                 for role, arch in (("current", current), ("candidate", candidate))}
+        request = SideBySideRequest(**files, methods={}, validation=ValidationSpec(latency_runs=2, latency_max_s=1),
+                                    generation=True)
+        return run_isolated("side_by_side", request, SideBySide, timeout_s=300, scratch_dir=tmp_path).methods[0]
+
+    same = side_by_side("qwen3", "qwen3")
+    assert (same.method, same.cases, same.disagreeing, same.worst) == ("generate", 3, 0, None)
+    assert same.current is not None and same.candidate is not None and same.candidate.p50_ms > 0
+    other = side_by_side("qwen3", "qwen2")
+    assert other.disagreeing > 0 and "where the current bundle generates" in (other.worst or "")
 
 
 def test_a_program_whose_generation_departs_from_eager_is_refused(built_llama: Path, models: Path, tmp_path: Path) -> None:

@@ -35,7 +35,8 @@ class Generated(BaseModel):
     stats: GenerationStats
 
 
-def _runner(bundle: Path) -> Any:
+def load_runner(bundle: Path) -> Any:
+    """ExecuTorch's ``TextLLMRunner`` over a bundle folder's program and tokenizer."""
     from executorch.extension.llm.runner import TextLLMRunner
 
     return TextLLMRunner(str(bundle / PROGRAM_FILE), str(bundle / TOKENIZER_FILE))
@@ -47,7 +48,7 @@ def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
 
     bundle = Path(RunnerRequest.model_validate(request).bundle_dir)
     cases = GenerationCases.model_validate_json((bundle / GENERATION_CASES_FILE).read_text())
-    tokenizer, runner = Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), _runner(bundle)
+    tokenizer, runner = Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), load_runner(bundle)
     results, timings = [], []
     for prompt, expected in zip(cases.prompts, cases.expected, strict=True):
         actual, timing = runner_greedy(runner, prompt, cases.new_tokens)
@@ -61,7 +62,7 @@ def generate_in_child(request: dict[str, Any]) -> Generated:
     """Child side: one prompt through the runner, greedily."""
     req = RunnerRequest.model_validate(request)
     assert req.prompt is not None and req.new_tokens is not None
-    pieces, stats = runner_greedy(_runner(Path(req.bundle_dir)), req.prompt, req.new_tokens)
+    pieces, stats = runner_greedy(load_runner(Path(req.bundle_dir)), req.prompt, req.new_tokens)
     return Generated(pieces=pieces, stats=stats)
 
 

@@ -60,13 +60,14 @@ def runner_greedy(runner: Any, prompt: str, new_tokens: int) -> tuple[list[str],
     return pieces, GenerationStats.of(stats[-1]) if stats else GenerationStats()
 
 
-def compare_generation(prompt: str, prompt_tokens: int, expected: list[str], actual: list[str]) -> GenerationCase:
-    """Where the runner's tokens first depart from eager's (None: they agree)."""
+def compare_generation(prompt: str, prompt_tokens: int, expected: list[str], actual: list[str],
+                       reference: str = "eager") -> GenerationCase:
+    """Where the runner's tokens first depart from ``reference``'s (None: they agree)."""
     diverges = next((i for i, (e, a) in enumerate(zip(expected, actual, strict=False)) if e != a), None)
     if diverges is None and len(expected) != len(actual):
         diverges = min(len(expected), len(actual))
     return GenerationCase(prompt=prompt, prompt_tokens=prompt_tokens, expected=expected, actual=actual,
-                          first_divergence=diverges)
+                          first_divergence=diverges, reference=reference)
 
 
 def validate_generation(req: ValidateRequest) -> ValidationReport:

@@ -164,6 +164,7 @@ class GenerationCase(BaseModel):
     expected: list[str] = Field(description="Eager PyTorch's tokens.")
     actual: list[str] = Field(description="The program's tokens, through ExecuTorch's LLM runner.")
     first_divergence: int | None = Field(description="The first position where they differ (None: they agree).")
+    reference: str = Field("eager", description="What generated the expected tokens.")
 
     @property
     def passed(self) -> bool:
@@ -173,11 +174,11 @@ class GenerationCase(BaseModel):
     def describe(self) -> str:
         """Where the program departs from eager, in words."""
         if self.first_divergence is None:
-            return f"prompt {self.prompt!r}: {len(self.actual)} tokens, as eager"
+            return f"prompt {self.prompt!r}: {len(self.actual)} tokens, as {self.reference}'s"
         at = self.first_divergence
         ours = repr(self.actual[at]) if at < len(self.actual) else "nothing (it stopped)"
-        theirs = repr(self.expected[at]) if at < len(self.expected) else "nothing (eager stopped)"
-        return f"prompt {self.prompt!r}: new token {at} is {ours} where eager generates {theirs}"
+        theirs = repr(self.expected[at]) if at < len(self.expected) else f"nothing ({self.reference} stopped)"
+        return f"prompt {self.prompt!r}: new token {at} is {ours} where {self.reference} generates {theirs}"
 
 
 class GenerationReport(BaseModel):

@@ -52,6 +52,8 @@ class SideBySideRequest(BaseModel):
         None, description="Run only this program (None: both in this child); the current one writes ``reference``, "
         "the candidate is compared with it.")
     reference: str | None = Field(None, description="The current program's outputs (torch.save) when they run apart.")
+    generation: bool = Field(False, description="Decoder LMs: the candidate's prompts through both programs' LLM "
+                             "runners instead of methods.")
 
 
 class MethodComparison(BaseModel):
@@ -220,12 +222,36 @@ def side_by_side_in_child(request: dict[str, Any]) -> SideBySide:
     import torch
 
     req = SideBySideRequest.model_validate(request)
+    if req.generation:
+        return SideBySide(methods=[_generation_side_by_side(req)])
     # TF32 off and the delegate runtime registered before ExecuTorch's own runtime loads.
     get_target(req.target).runtime_setup()
     roles = ("current", "candidate") if req.alone is None else (req.alone,)
     programs = {role: getattr(req, role).load() for role in roles}
     with torch.no_grad():
         return SideBySide(methods=[_side_by_side(req, name, programs) for name in req.methods])
+
+
+def _generation_side_by_side(req: SideBySideRequest) -> MethodComparison:
+    """The candidate's prompts greedily through both bundles' LLM runners: the same tokens, and the time of a whole
+    generation (the first prompt's) with their windows interleaved."""
+    from prefect_executorch.llm.cases import load_runner
+    from prefect_executorch.llm.generation import GenerationCases, compare_generation, runner_greedy
+    from prefect_executorch.spec.llm import GENERATION_CASES_FILE
+
+    cases = GenerationCases.model_validate_json((Path(req.candidate.dir) / GENERATION_CASES_FILE).read_text())
+    current, candidate = load_runner(Path(req.current.dir)), load_runner(Path(req.candidate.dir))
+    compared = [compare_generation(prompt, 0, runner_greedy(current, prompt, cases.new_tokens)[0],
+                                   runner_greedy(candidate, prompt, cases.new_tokens)[0], reference="the current bundle")
+                for prompt in cases.prompts]
+    differing = [case for case in compared if not case.passed]
+    first = cases.prompts[0]
+    timed = measure_together([partial(runner_greedy, runner, first, cases.new_tokens) for runner in (current, candidate)],
+                             min_runs=req.validation.latency_runs, warmup=req.validation.latency_warmup,
+                             max_seconds=req.validation.latency_max_s)
+    return MethodComparison(method="generate", cases=len(compared), disagreeing=len(differing),
+                            worst=differing[0].describe() if differing else None,
+                            shape_label=f"{cases.new_tokens} new tokens", current=timed[0], candidate=timed[1])
 
 
 def merge_apart(current: SideBySide, candidate: SideBySide) -> SideBySide:
