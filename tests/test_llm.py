@@ -42,6 +42,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for architecture in ("llama", "qwen2", "qwen3", "gemma3_text"):
         write_tiny_llm(root / architecture, architecture)
     write_tiny_llm(root / "llama-other-seed", "llama", seed=1)
+    write_tiny_llm(root / "llama-trained", "llama", train_steps=200)  # a trained model's next token stands out
     return root
 
 
@@ -57,7 +58,7 @@ def test_an_llm_spec_names_a_model_directory_and_takes_defaults(tmp_path: Path) 
 
 @pytest.mark.parametrize(("extra", "message"), [
     ({"methods": {"forward": {"inputs": [{"name": "x", "shape": [1]}]}}}, "methods: not for an `llm:` spec"),
-    ({"quantization": {"scheme": "int8da4w"}}, "quantization: not for an `llm:` spec"),
+    ({"quantization": {"scheme": "int8-static"}}, "an `llm:` spec is quantized with int8da4w (linear layers"),
     ({"target": "cuda"}, "target: an `llm:` spec builds for xnnpack or portable, not 'cuda'"),
     ({"model": "models.py:make"}, "with `llm`, model is the path of a Hugging Face model directory"),
     ({"llm": {"new_tokens": 200}}, "new_tokens (200) must be below max_seq_len (128)"),
@@ -162,6 +163,32 @@ def test_a_program_whose_generation_departs_from_eager_is_refused(built_llama: P
     assert not (tmp_path / "cases.json").exists()  # a failed validation writes no test cases
     with pytest.raises(ValidationFailed, match=r"of 3 prompts generated other tokens than eager PyTorch; worst: prompt"):
         require_passed(report)
+
+
+def test_a_quantized_build_passes_its_gates_at_a_fraction_of_the_size_and_tighter_gates_refuse_it(
+    models: Path, tmp_path: Path,
+) -> None:
+    """int8da4w linears (torchao, as ExecuTorch's LLM recipes): judged by teacher-forced agreement and perplexity."""
+    spec = parse_spec({"name": "tiny", "version": "1", "model": str(models / "llama-trained"), "llm": LLM,
+                       "quantization": {"scheme": "int8da4w"}})
+    export, report = export_and_validate(spec, tmp_path / "q")
+    float_export = export_program(llm_spec(models / "llama-trained"), tmp_path / "f")
+    generation = report.generation
+    assert report.passed, report.describe_worst()
+    assert generation is not None and not generation.exact and report.quantization is not None
+    assert report.quantization.scheme == "int8da4w" and report.quantization.quantized_linears
+    agreement, ratio = generation.top1_agreement(), generation.perplexity_ratio()
+    assert agreement is not None and agreement >= 0.9 and ratio is not None and 1 / 1.2 <= ratio <= 1.2
+    assert [gate.gate for gate in report.gates] == ["min_top1_agreement", "max_perplexity_ratio"]
+    size, float_size = ((e.path / "model.pte").stat().st_size for e in (export, float_export))
+    assert size < 0.5 * float_size, (size, float_size)
+    tighter = spec.model_copy(update={"llm": spec.llm.model_copy(update={"max_perplexity_ratio": 1.0,  # type: ignore[union-attr]
+                                                                         "min_top1_agreement": 1.0})})
+    refused = validate_program(tighter, export.path, [], scratch_dir=tmp_path, bundled_out=tmp_path / "cases.json")
+    failed = [gate for gate in refused.gates if not gate.passed]
+    assert not refused.passed and failed and not (tmp_path / "cases.json").exists()
+    assert refused.describe_worst() == failed[0].describe()
+    assert failed[0].describe().startswith(f"gate llm.{failed[0].gate} on forward: ")
 
 
 # --- the product, as a user runs it ---------------------------------------------------------------------------

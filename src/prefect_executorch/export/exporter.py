@@ -69,7 +69,7 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
     if spec.llm is not None:
         from prefect_executorch.llm.export import lower_llm
 
-        lowered, quantization = lower_llm(spec, target, out_dir), None
+        lowered, quantization = lower_llm(spec, target, out_dir)
     else:
         lowered, quantization = _lower_methods(spec, target, out_dir)
     pte = out_dir / PROGRAM_FILE

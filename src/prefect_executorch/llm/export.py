@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import ExportFailed
+from prefect_executorch.export.quantize import QuantizationFacts, build_facts, quantize_model
 from prefect_executorch.export.stages import run_lowering, summary
 from prefect_executorch.llm.model import check_vocabulary, eos_ids, load_causal_lm, load_tokenizer
 from prefect_executorch.spec.buildspec import BuildSpec
@@ -38,17 +39,21 @@ def runner_metadata(spec: BuildSpec, model: PreTrainedModel) -> dict[str, Any]:
     return metadata
 
 
-def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> Lowered:
-    """Export the spec's decoder LM with a static KV cache and lower it, with its metadata and tokenizer, into ``out_dir``."""
+def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, QuantizationFacts | None]:
+    """Export the spec's decoder LM (quantized, if the spec says so) with a static KV cache and lower it, with its
+    metadata and tokenizer, into ``out_dir``."""
     import torch
     from transformers import GenerationConfig
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     assert spec.llm is not None and isinstance(target, CpuTarget)  # the spec refuses other targets (LLM_TARGETS)
     tokenizer = load_tokenizer(spec)
-    model = load_causal_lm(spec)
-    check_vocabulary(model, tokenizer)
-    metadata = runner_metadata(spec, model)
+    loaded = load_causal_lm(spec)
+    check_vocabulary(loaded, tokenizer)
+    metadata = runner_metadata(spec, loaded)
+    facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
+    # torchao's int8da4w linears, as ExecuTorch's LLM recipes quantize them; a float build: the model itself.
+    model: Any = quantize_model(loaded, spec)
     length = spec.llm.max_seq_len
     # What transformers' wrapper exports: a static cache of max_seq_len positions (a hybrid one for sliding windows).
     model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static", max_length=length,
@@ -64,4 +69,4 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> Lowered:
         lowered = run_lowering(lambda: target.lower({"forward": program}, spec, out_dir, constant_methods=metadata),
                                target.name)
     shutil.copyfile(spec.llm.tokenizer_path(spec.model), out_dir / TOKENIZER_FILE)
-    return lowered
+    return lowered, facts

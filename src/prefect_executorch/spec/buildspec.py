@@ -30,6 +30,8 @@ from prefect_executorch.spec.options import OPTIONS, TargetSpec, XnnpackOptions
 
 #: The targets an `llm:` spec builds for (the runner's program with a static KV cache).
 LLM_TARGETS = ("xnnpack", "portable")
+#: The quantization schemes of an `llm:` spec.
+LLM_SCHEMES = ("int8da4w",)
 Dtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"]
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -496,12 +498,15 @@ class BuildSpec(StrictModel):
                 raise ValueError("methods: give at least one method (or an `llm:` section for a decoder language "
                                  "model)")
             return self
-        given = [field for field in ("methods", "weights", "quantization") if getattr(self, field)]
+        given = [field for field in ("methods", "weights") if getattr(self, field)]
         given += ["external_weights"] if self.external_weights else []
         given += ["validation.methods"] if self.validation.methods else []
         if given:
             raise ValueError(f"{', '.join(given)}: not for an `llm:` spec (its methods are the runner's, its weights "
-                             "the model directory's; quantized LLM builds are not supported yet); remove them")
+                             "the model directory's); remove them")
+        if self.quantization is not None and self.quantization.scheme not in LLM_SCHEMES:
+            raise ValueError(f"quantization.scheme: an `llm:` spec is quantized with {' or '.join(LLM_SCHEMES)} (linear "
+                             f"layers, as ExecuTorch's LLM recipes), not {self.quantization.scheme!r}")
         if self.target_name not in LLM_TARGETS:
             raise ValueError(f"target: an `llm:` spec builds for {' or '.join(LLM_TARGETS)}, not {self.target_name!r}"
                              " (docs/llm.md)")

@@ -38,6 +38,12 @@ class TextGenerationSpec(StrictModel):
         description="Validation prompts: each is generated greedily by eager PyTorch and by the program.",
     )
     new_tokens: int = Field(32, ge=1, description="Tokens generated per prompt; fp32 must match eager's, token for token.")
+    min_top1_agreement: float = Field(
+        0.9, ge=0, le=1, description="Gate of quantized builds: share of positions where the program's most likely "
+        "next token is fp32 eager's, fed eager's tokens (teacher-forced).")
+    max_perplexity_ratio: float = Field(
+        1.2, ge=1, description="Gate of quantized builds: the program's perplexity of eager's continuations over fp32 "
+        "eager's own.")
 
     @model_validator(mode="after")
     def _fits(self) -> TextGenerationSpec:

@@ -40,8 +40,12 @@ def write_tokenizer(path: Path, vocab_size: int = 320) -> int:
 
 
 def write_tiny_llm(model_dir: Path, architecture: str = "llama", *, hidden_size: int = 64, layers: int = 2,
-                   seed: int = 0, **config: Any) -> Path:
-    """A Hugging Face model directory (config.json, model.safetensors, tokenizer.json) of a small random model."""
+                   seed: int = 0, train_steps: int = 0, **config: Any) -> Path:
+    """A Hugging Face model directory (config.json, model.safetensors, tokenizer.json) of a small model.
+
+    Random weights, or ``train_steps`` of Adam on ``CORPUS``: a trained model's next token stands out, as a
+    real model's does, which is what a quantized build is judged on.
+    """
     import torch
     import transformers
 
@@ -57,5 +61,26 @@ def write_tiny_llm(model_dir: Path, architecture: str = "llama", *, hidden_size:
         settings.update(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * (layers // 2))
     torch.manual_seed(seed)
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**settings | config))
+    if train_steps:
+        _train(model, model_dir / "tokenizer.json", train_steps)
     model.save_pretrained(model_dir)
     return model_dir
+
+
+def _train(model: Any, tokenizer_file: Path, steps: int) -> None:
+    """Next-token training on ``CORPUS``, one sentence a batch row."""
+    import torch
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    rows = [tokenizer.encode(text).ids for text in CORPUS]
+    width = max(len(row) for row in rows)
+    ids = torch.tensor([row + [1] * (width - len(row)) for row in rows])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -96,6 +97,7 @@ class GateResult(BaseModel):
     """One gate on one method: a measured figure against the spec's limit."""
 
     gate: str = Field(description="The spec field: 'min_delegated_fraction' or 'max_latency_ratio'.")
+    section: str = Field("validation", description="The spec section the field is in.")
     method: str
     measured: float | None = Field(description="The figure; None when it could not be measured.")
     limit: float
@@ -104,7 +106,7 @@ class GateResult(BaseModel):
 
     def describe(self) -> str:
         """One line naming the gate, the method and the figure."""
-        return f"gate validation.{self.gate} on {self.method}: {self.detail}"
+        return f"gate {self.section}.{self.gate} on {self.method}: {self.detail}"
 
 
 class ShapeRow(BaseModel):
@@ -156,6 +158,16 @@ class GenerationStats(BaseModel):
         )
 
 
+class TeacherForced(BaseModel):
+    """The program fed a prompt and eager's continuation one token per call, against fp32 eager on the same tokens."""
+
+    positions: int
+    top1_agreement: float = Field(description="Share of positions where both predict the same next token.")
+    logit_rel_error: float = Field(description="|program - eager| / |eager| over the logits of every position.")
+    nll: float = Field(description="The program's mean negative log-likelihood of eager's continuation.")
+    eager_nll: float = Field(description="fp32 eager's mean negative log-likelihood of its own continuation.")
+
+
 class GenerationCase(BaseModel):
     """One validation prompt: eager's greedy tokens and the program's, each token as its text."""
 
@@ -165,6 +177,8 @@ class GenerationCase(BaseModel):
     actual: list[str] = Field(description="The program's tokens, through ExecuTorch's LLM runner.")
     first_divergence: int | None = Field(description="The first position where they differ (None: they agree).")
     reference: str = Field("eager", description="What generated the expected tokens.")
+    forced: TeacherForced | None = Field(None, description="The program fed eager's tokens: how its next-token "
+                                         "predictions compare with fp32 eager's.")
 
     @property
     def passed(self) -> bool:
@@ -187,11 +201,35 @@ class GenerationReport(BaseModel):
     new_tokens: int
     cases: list[GenerationCase]
     stats: list[GenerationStats] = Field(default_factory=list, description="The runner's timing per prompt.")
+    exact: bool = Field(True, description="Whether every token must be eager's (float builds); quantized builds are "
+                        "judged by their gates instead.")
 
     @property
     def passed(self) -> bool:
-        """Whether every prompt generated what eager did."""
-        return all(case.passed for case in self.cases)
+        """Whether every prompt generated what eager did (for a quantized build: always; its gates judge it)."""
+        return not self.failed_cases()
+
+    def failed_cases(self) -> list[GenerationCase]:
+        """The prompts that fail a float build: their tokens departed from eager's."""
+        return [case for case in self.cases if not case.passed] if self.exact else []
+
+    def forced(self) -> list[TeacherForced]:
+        """The teacher-forced figures of every prompt that has them."""
+        return [case.forced for case in self.cases if case.forced is not None]
+
+    def top1_agreement(self) -> float | None:
+        """Teacher-forced top-1 agreement over every position of every prompt."""
+        forced = self.forced()
+        positions = sum(f.positions for f in forced)
+        return sum(f.top1_agreement * f.positions for f in forced) / positions if positions else None
+
+    def perplexity_ratio(self) -> float | None:
+        """The program's perplexity of eager's continuations over fp32 eager's, over every position."""
+        forced = self.forced()
+        positions = sum(f.positions for f in forced)
+        if not positions:
+            return None
+        return math.exp(sum((f.nll - f.eager_nll) * f.positions for f in forced) / positions)
 
     def agreement(self) -> float:
         """Share of eager's tokens the program generated the same, before each prompt's first divergence."""
@@ -200,11 +238,18 @@ class GenerationReport(BaseModel):
         return same / total if total else 1.0
 
     def describe(self) -> str:
-        """The first failed prompt, or how many agreed."""
-        failed = next((case for case in self.cases if not case.passed), None)
-        if failed is not None:
-            return failed.describe()
-        return f"{len(self.cases)} prompts, every token as eager's"
+        """The first failed prompt, or how many agreed (a quantized build: its first divergence and agreement)."""
+        failed = self.failed_cases()
+        if failed:
+            return failed[0].describe()
+        if self.exact:
+            return f"{len(self.cases)} prompts, every token as eager's"
+        departed = next((case for case in self.cases if not case.passed), None)
+        agreement, ratio = self.top1_agreement(), self.perplexity_ratio()
+        figures = (f"teacher-forced top-1 agreement {agreement:.1%}, perplexity {ratio:.3f}x fp32 eager's"
+                   if agreement is not None and ratio is not None else "no teacher-forced figures")
+        first = f"; first departure: {departed.describe()}" if departed else "; every token as fp32 eager's"
+        return figures + first
 
 
 class ValidationSummary(BaseModel):
@@ -274,7 +319,8 @@ class ValidationReport(BaseModel):
     def describe_worst(self) -> str | None:
         """One line on the worst failure: a failed call, else a failed output, else a failed gate (an LLM: its prompts)."""
         if self.generation is not None:
-            return self.generation.describe()
+            failed_gates = self.failed_gates()
+            return failed_gates[0].describe() if failed_gates and self.generation.passed else self.generation.describe()
         failed_call = next((case for case in self.cases if case.error), None)
         if failed_call is not None:
             return f"{failed_call.where}: {failed_call.error}"
@@ -350,8 +396,7 @@ class ValidationReport(BaseModel):
             passed=self.passed,
             # A decoder LM's cases are its prompts.
             cases=len(self.generation.cases) if self.generation else len(self.cases),
-            failed_cases=sum(not case.passed for case in self.generation.cases) if self.generation
-            else len(self.failures()),
+            failed_cases=len(self.generation.failed_cases()) if self.generation else len(self.failures()),
             shapes=shapes,
             worst=self.describe_worst(),
             worst_max_abs=max((o.max_abs for c in self.cases for o in c.outputs), default=0.0),
