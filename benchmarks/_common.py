@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from importlib.metadata import version
@@ -18,6 +21,13 @@ T = TypeVar("T")
 #: Where results go: ``benchmarks/results`` (ignored by git; ``benchmarks/publish`` copies a run into
 #: ``benchmarks/published/``), or ``$PREFECT_EXECUTORCH_BENCHMARK_RESULTS`` (the smoke test's own folder).
 RESULTS = Path(os.environ.get("PREFECT_EXECUTORCH_BENCHMARK_RESULTS") or Path(__file__).parent / "results")
+
+
+def scratch(prefix: str) -> Path:
+    """A fresh temporary folder, removed when the benchmark exits (the runs' exports and stores are no result)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def _commit() -> str | None:

@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import report, spread  # noqa: E402
+from _common import report, scratch, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACING_S = 5
 
 
 def main() -> int:
-    work = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+    work = scratch("bench-cache-")
     os.environ.update({"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                        "PREFECT_HOME": str(work / "prefect-home"),
                        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"})

@@ -16,18 +16,16 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import report, spread  # noqa: E402
+from _common import report, scratch, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "convnet" / "spec.yaml"
 PLAIN_SCRIPT = '''
 import sys
-import tempfile
 from pathlib import Path
 
 from prefect_executorch.artifacts.registry import prepare_bundle, publish
@@ -44,7 +42,7 @@ if __name__ == "__main__":
     spec = load_spec(sys.argv[1])
     toolchain = probe_isolated()
     get_target(spec.target_name).check(spec, toolchain)
-    out = Path(tempfile.mkdtemp())
+    out = scratch("bench-cli-out-")
     export = export_program(spec, out)
     report = validate_program(spec, export.path, export.data_files, scratch_dir=out, delegation=export.delegation)
     require_passed(report)
@@ -67,7 +65,7 @@ def main() -> int:
     rounds = parser.parse_args().rounds
     if rounds < 3:
         parser.error("--rounds must be at least 3")
-    work = Path(tempfile.mkdtemp(prefix="bench-cli-"))
+    work = scratch("bench-cli-")
     env = {**os.environ, "PREFECT_HOME": str(work / "prefect-home"), "DO_NOT_TRACK": "1",
            "XDG_CACHE_HOME": str(work / "cache")}
     script = work / "plain.py"

@@ -26,13 +26,12 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import report, spread  # noqa: E402
+from _common import report, scratch, spread  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "examples" / "convnet" / "spec.yaml"
@@ -98,7 +97,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.repeat < 3:
         parser.error("--repeat must be at least 3 (the medians are compared)")
-    work = Path(tempfile.mkdtemp(prefix="bench-orchestration-"))
+    work = scratch("bench-orchestration-")
     env = {**os.environ, "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_HOME": str(work / "prefect-home"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
     script = work / "plain.py"

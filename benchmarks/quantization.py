@@ -20,13 +20,12 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, report, spread  # noqa: E402
+from _common import interleaved, report, scratch, spread  # noqa: E402
 
 from prefect_executorch.export.exporter import export_program  # noqa: E402
 from prefect_executorch.spec.buildspec import parse_spec  # noqa: E402
@@ -95,7 +94,7 @@ def main() -> int:
         parser.error("--builds and --rounds must be at least 3 (medians of 3 or more runs are compared)")
     width = 256 if args.smoke else 1024
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    work = Path(tempfile.mkdtemp(prefix="bench-quantization-"))
+    work = scratch("bench-quantization-")
     # The first export of a process pays the export server's imports: not a cost of any scheme.
     warm_up_s = build(None, 256, work)["build_s"]
     schemes = {"float32": None, "int8-dynamic": "int8-dynamic", "int8da4w": "int8da4w"}

@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import RESULTS, report, spread  # noqa: E402
+from _common import RESULTS, report, scratch, spread  # noqa: E402
 
 #: Marginal build seconds per MB of weights a user may pay (see the docstring for why).
 SECONDS_PER_MB = 0.06
@@ -90,7 +89,7 @@ def main() -> int:
     if args.runs < 3:
         parser.error("--runs must be at least 3")
     os.environ.setdefault("DO_NOT_TRACK", "1")
-    work = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
+    work = scratch("bench-scaling-")
     # The first export in a process pays for the export server's imports: not a cost of model size.
     warm_up_s = build_one(0.1, work)["build_s"]
     rows, spreads = [], {}

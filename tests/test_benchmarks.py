@@ -72,6 +72,7 @@ SMOKE_RUNS = [
     ("scaling.py", ["--sizes-mb", "1", "5"], "scaling"),
     ("quantization.py", ["--smoke", "--rounds", "3", "--runs", "5"], "quantization"),
     ("fleet.py", ["--smoke"], "fleet"),
+    ("llm.py", ["--smoke", "--rounds", "3", "--new-tokens", "16"], "llm"),
 ]
 
 
