@@ -14,8 +14,8 @@ import pytest
 
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.export.exporter import ExportedProgramDir, export_program
-from prefect_executorch.llm.model import load_causal_lm
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
+from prefect_executorch.spec.causal_lm import load_causal_lm
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.validate.validator import require_passed, validate_program

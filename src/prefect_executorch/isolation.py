@@ -43,8 +43,8 @@ COMMANDS: dict[str, str] = {
     "verify-bundled": "prefect_executorch.validate.bundled:verify_bundled_in_child",
     "side_by_side": "prefect_executorch.validate.sidebyside:side_by_side_in_child",
     "triage": "prefect_executorch.validate.triage:triage_in_child",
-    "verify-generation": "prefect_executorch.llm.cases:verify_generation_in_child",
-    "generate": "prefect_executorch.llm.cases:generate_in_child",
+    "verify-generation": "prefect_executorch.validate.llm_runner:verify_generation_in_child",
+    "generate": "prefect_executorch.validate.llm_runner:generate_in_child",
 }
 #: What the forkserver imports once, so that children do not (missing ones are skipped). Never the
 #: ExecuTorch runtime: the TensorRT delegate package must swap in its own before the stock one loads.

@@ -31,7 +31,7 @@ from models import NeedsPickle
         ("- just\n- a list\n", "expected a mapping of fields, got list"),
         ("name: m\nversion: '1'\nmodel: m:f\nmethods: {forward: {inputs: [{name: x, shape: abc}]}}\n",
          "methods.forward.inputs.0.shape: Input should be a valid list"),
-        ("name: m\nversion: '1'\nmodel: m:f\nmethods: {}\n", "methods: Dictionary should have at least 1 item"),
+        ("name: m\nversion: '1'\nmodel: m:f\nmethods: {}\n", "methods: give at least one method"),
         ("name: m\nversion: '1'\nmodel: m:f\nmethods: {forward: {inputs: [{name: x, shape: [2]}]}}\n"
          "validation: {samples: -1}\n", "validation.samples: Input should be greater than or equal to 1"),
     ],

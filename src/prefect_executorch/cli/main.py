@@ -502,7 +502,7 @@ def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = N
     One child, so spawned: the forkserver's export imports cost ~4 s more than the runtime's own.
     """
     if any(entry.role == "generation" for entry in manifest.files):
-        from prefect_executorch.llm.cases import run_generation_cases
+        from prefect_executorch.validate.llm_runner import run_generation_cases
 
         report = run_generation_cases(bundle_dir, scratch_dir=scratch_dir, shown_as=shown_as, start="spawn")
         return f"all {len(report.cases)} prompts generate eager's tokens through the LLM runner on this machine"
@@ -640,8 +640,8 @@ def generate(
     """Continue PROMPT with a decoder-LM bundle through ExecuTorch's LLM runner; print the text and the runner's speed."""
     from prefect_executorch.artifacts import registry
     from prefect_executorch.artifacts.manifest import MANIFEST_FILE
-    from prefect_executorch.llm.cases import generate as run_generate
     from prefect_executorch.scratch import scratch_dir
+    from prefect_executorch.validate.llm_runner import generate as run_generate
 
     with scratch_dir("generate") as scratch:
         # A model name is one path segment; a folder is a path, or the folder of a bundle here.

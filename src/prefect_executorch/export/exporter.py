@@ -67,7 +67,7 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
     spec, out_dir = req.spec, Path(req.out_dir)
     target = get_target(spec.target_name)
     if spec.llm is not None:
-        from prefect_executorch.llm.export import lower_llm
+        from prefect_executorch.export.causal_lm import lower_llm
 
         lowered, quantization = lower_llm(spec, target, out_dir)
     else:

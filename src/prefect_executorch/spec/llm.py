@@ -2,7 +2,7 @@
 
 With it, ``model`` names that directory (``config.json``, safetensors weights, ``tokenizer.json``) and the
 program is the one ExecuTorch's LLM runner drives: one token per call into a static KV cache, with the
-metadata methods the runner reads. Validation is by generation (``prefect_executorch.llm``).
+metadata methods the runner reads (``export/causal_lm.py``). Validation is by generation (``validate/generation.py``).
 """
 
 from __future__ import annotations

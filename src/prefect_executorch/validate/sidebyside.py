@@ -235,9 +235,9 @@ def side_by_side_in_child(request: dict[str, Any]) -> SideBySide:
 def _generation_side_by_side(req: SideBySideRequest) -> MethodComparison:
     """The candidate's prompts greedily through both bundles' LLM runners: the same tokens, and the time of a whole
     generation (the first prompt's) with their windows interleaved."""
-    from prefect_executorch.llm.cases import load_runner
-    from prefect_executorch.llm.generation import GenerationCases, compare_generation, runner_greedy
     from prefect_executorch.spec.llm import GENERATION_CASES_FILE
+    from prefect_executorch.validate.generation import GenerationCases, compare_generation, runner_greedy
+    from prefect_executorch.validate.llm_runner import load_runner
 
     cases = GenerationCases.model_validate_json((Path(req.candidate.dir) / GENERATION_CASES_FILE).read_text())
     current, candidate = load_runner(Path(req.current.dir)), load_runner(Path(req.candidate.dir))

@@ -202,7 +202,7 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     req = ValidateRequest.model_validate(request)
     spec, bundle = req.spec, Path(req.bundle_dir)
     if spec.llm is not None:
-        from prefect_executorch.llm.generation import validate_generation
+        from prefect_executorch.validate.generation import validate_generation
 
         return validate_generation(req)
     get_target(spec.target_name).runtime_setup()

@@ -11,9 +11,9 @@ from pydantic import BaseModel
 
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
-from prefect_executorch.llm.generation import GenerationCases, compare_generation, runner_greedy
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.targets import PROGRAM_FILE
+from prefect_executorch.validate.generation import GenerationCases, compare_generation, runner_greedy
 from prefect_executorch.validate.report import GenerationReport, GenerationStats
 
 #: Wall-time limit of a child that runs a bundle's prompts (a small model takes seconds).

@@ -16,8 +16,8 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import SpecError
 from prefect_executorch.export.quantize import build_facts
-from prefect_executorch.llm.model import check_vocabulary, eos_ids, load_causal_lm, load_tokenizer
 from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.causal_lm import check_vocabulary, eos_ids, load_causal_lm, load_tokenizer
 from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.validate.report import (
     GateResult,

@@ -1,4 +1,4 @@
-"""Load an `llm:` spec's model and tokenizer, offline, and check that they belong together."""
+"""Load an `llm:` spec's model and tokenizer, offline, and check that they belong together (export and validation both do)."""
 
 from __future__ import annotations
 

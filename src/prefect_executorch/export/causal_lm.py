@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from prefect_executorch.errors import ExportFailed
 from prefect_executorch.export.quantize import QuantizationFacts, build_facts, quantize_model
 from prefect_executorch.export.stages import run_lowering, summary
-from prefect_executorch.llm.model import check_vocabulary, eos_ids, load_causal_lm, load_tokenizer
 from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.causal_lm import check_vocabulary, eos_ids, load_causal_lm, load_tokenizer
 from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.targets.base import Lowered, Target
 from prefect_executorch.targets.cpu import CpuTarget

@@ -1,1 +1,0 @@
-"""Decoder language models: exported for ExecuTorch's LLM runner, validated by what they generate."""
