@@ -226,6 +226,9 @@ def test_a_user_builds_verifies_and_generates_with_a_llama_directory(built_llama
     assert f"{len(expected)} tokens by ExecuTorch's LLM runner" in generated.stderr
     from_store = _cli("generate", "tiny-llama", "prefect runs", "--version", "1", cwd=work)
     assert from_store.returncode == 0 and from_store.stdout.startswith("prefect runs"), from_store.stderr[-3000:]
+    inspected = _cli("inspect", "pulled", cwd=work)
+    assert "validation passed: 3 prompts through ExecuTorch's LLM runner" in inspected.stdout, inspected.stderr[-2000:]
+    assert "get_eos_ids" not in inspected.stdout
     tensor_bundle = _cli("generate", str(work / "store"), "x", cwd=work)
     assert tensor_bundle.returncode == 2 and "has no manifest.json" in tensor_bundle.stderr, tensor_bundle.stderr
 

@@ -468,6 +468,7 @@ def inspect(
     """Verify a bundle's files against its manifest and summarize it: key, compat, delegates, validation."""
     from prefect_executorch.artifacts.registry import verify_bundle_dir
     from prefect_executorch.program import read_program
+    from prefect_executorch.spec.llm import RUNNER_METADATA
 
     manifest = verify_bundle_dir(bundle_dir)
     if as_json:
@@ -478,12 +479,15 @@ def inspect(
     console.print(f"compat {manifest.compat}; built {manifest.created_at:%Y-%m-%d %H:%M}Z by {manifest.builder}")
     fractions = manifest.validation.delegated_fraction
     for name, method in facts.items():
+        if name in RUNNER_METADATA:
+            continue  # an LLM's metadata for its runner: constants, no computation
         fraction = fractions.get(name)
         share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""
         console.print(f"  {name}: delegates {count_names(method.delegates)}{share}; "
                       f"{method.kernel_calls} portable kernel calls")
     verdict = "passed" if manifest.validation.passed else "[red]FAILED[/]"
-    console.print(f"validation {verdict}: {manifest.validation.cases} cases; worst: "
+    cases = "prompts through ExecuTorch's LLM runner" if manifest.validation.generation_agreement is not None else "cases"
+    console.print(f"validation {verdict}: {manifest.validation.cases} {cases}; worst: "
                   f"{escape(manifest.validation.worst or '-')}")
 
 
