@@ -2,7 +2,7 @@
 int8da4w (XNNPACK), against eager ``generate`` with a static cache in float32, and the programs' sizes.
 
 A Llama made from a transformers config with random weights (``--smoke``: 2 layers of 64, else 8 layers of
-512: about 25 M parameters) and a byte-level BPE tokenizer trained here, exported by the product (float32 and
+512 with 4 heads, 2 of them for keys and values: about 19 M parameters) and a byte-level BPE tokenizer trained here, exported by the product (float32 and
 int8da4w linears). Each side generates greedily from the same prompt, 1 token and then ``--new-tokens`` tokens, in interleaved
 rounds (the load of a shared machine hits every side alike): the first token's time is the prefill's, decode
 tokens/s the tokens after the first over the difference (the runner stops early at an end-of-sequence token;
