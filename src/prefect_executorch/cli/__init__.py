@@ -6,9 +6,12 @@ import sys
 
 def main() -> None:
     """The console script: Ctrl-C and SIGTERM handled first, then the commands' imports and the command."""
-    from prefect_executorch.cli.signals import install
+    from prefect_executorch.cli.signals import install, stopped
 
     install(sys.argv[1:])
-    from prefect_executorch.cli.main import run
+    try:
+        from prefect_executorch.cli.main import run
 
-    run()
+        run()
+    except KeyboardInterrupt:
+        stopped()  # it came while the commands were still imported: uncaught, Python would die of SIGINT (-2)

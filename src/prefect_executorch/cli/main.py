@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from prefect_executorch.cli.signals import NOTHING_PUBLISHED, Stop
+from prefect_executorch.cli.signals import NOTHING_PUBLISHED, Stop, stopped
 from prefect_executorch.errors import Interrupted, NotABundle, PrefectExecutorchError
 
 if TYPE_CHECKING:
@@ -864,7 +864,4 @@ def run() -> None:
     except SystemExit:
         if Stop.signum is None or Stop.said:
             raise
-        # Stopped before a command ran (click still reading the line, the callback): typer exits 130 unsaid.
-        err_console.print(f"interrupted: {escape(Stop.note())}", highlight=False)
-        Stop.said = True
-        raise SystemExit(Stop.exit_code()) from None
+        stopped()  # before a command ran (click still reading the line, the callback): typer exits 130 unsaid

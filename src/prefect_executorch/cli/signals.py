@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from prefect_executorch.stopping import LAST_WORDS_S, exit_after, exit_status
 
@@ -28,6 +29,7 @@ class Stop:
     signum: int | None = None
     note: Callable[[], str] = staticmethod(lambda: "stopped; its child processes with it")
     said = False
+    _raised = False
     _armed = threading.Lock()
 
     @classmethod
@@ -42,16 +44,24 @@ class Stop:
 
     @classmethod
     def on_signal(cls, signum: int, frame: Any) -> None:
-        """The Python handler of both signals (main thread): unwind once."""
-        first = cls.signum is None
+        """The Python handler of both signals (main thread): unwind once (the wakeup thread may have armed first)."""
         cls.arm(signum)
-        if first:
+        if not cls._raised:
+            cls._raised = True
             raise KeyboardInterrupt
 
     @classmethod
     def exit_code(cls) -> int:
         """128 + the signal: 130 for Ctrl-C, 143 for SIGTERM."""
         return exit_status(cls.signum or signal.SIGINT)
+
+
+def stopped() -> NoReturn:
+    """Say what a stop left, unless said, and exit 130 (143 for SIGTERM)."""
+    if not Stop.said:
+        print(f"interrupted: {Stop.note()}", file=sys.stderr, flush=True)
+        Stop.said = True
+    raise SystemExit(Stop.exit_code())
 
 
 def install(args: list[str]) -> None:
