@@ -42,7 +42,7 @@ if __name__ == "__main__":
     spec = load_spec(sys.argv[1])
     toolchain = probe_isolated()
     get_target(spec.target_name).check(spec, toolchain)
-    out = scratch("bench-cli-out-")
+    out = Path(sys.argv[3])
     export = export_program(spec, out)
     report = validate_program(spec, export.path, export.data_files, scratch_dir=out, delegation=export.delegation)
     require_passed(report)
@@ -74,7 +74,8 @@ def main() -> int:
     _timed([*cli, "--store", str(work / "store-warmup")], env, "fresh build")
     plain, full, rebuild = [], [], []
     for index in range(rounds):
-        plain.append(_timed([sys.executable, str(script), str(SPEC), str(work / f"store-plain-{index}")], env,
+        plain.append(_timed([sys.executable, str(script), str(SPEC), str(work / f"store-plain-{index}"),
+                             str(work / f"out-plain-{index}")], env,
                             "small-convnet/1.0.0/xnnpack/"))
         store = str(work / f"store-cli-{index}")
         full.append(_timed([*cli, "--store", store], env, "fresh build"))
