@@ -10,7 +10,13 @@ from prefect_executorch.errors import ExportFailed
 from prefect_executorch.export.quantize import QuantizationFacts, build_facts, quantize_model
 from prefect_executorch.export.stages import run_lowering, summary
 from prefect_executorch.spec.buildspec import BuildSpec
-from prefect_executorch.spec.causal_lm import check_vocabulary, eos_ids, load_causal_lm, load_tokenizer
+from prefect_executorch.spec.causal_lm import (
+    check_prompt_lengths,
+    check_vocabulary,
+    eos_ids,
+    load_causal_lm,
+    load_tokenizer,
+)
 from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.targets.base import Lowered, Target
 from prefect_executorch.targets.cpu import CpuTarget
@@ -50,6 +56,7 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
     tokenizer = load_tokenizer(spec)
     loaded = load_causal_lm(spec)
     check_vocabulary(loaded, tokenizer)
+    check_prompt_lengths(spec, tokenizer)
     metadata = runner_metadata(spec, loaded)
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
     # torchao's int8da4w linears, as ExecuTorch's LLM recipes quantize them; a float build: the model itself.

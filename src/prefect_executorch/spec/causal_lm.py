@@ -55,3 +55,13 @@ def eos_ids(model: PreTrainedModel) -> list[int]:
     if found is None:
         found = model.config.get_text_config().eos_token_id
     return [] if found is None else [found] if isinstance(found, int) else list(found)
+
+
+def check_prompt_lengths(spec: BuildSpec, tokenizer: Tokenizer) -> None:
+    """Refuse a prompt that, with ``new_tokens``, does not fit the cache (before the export, not after it)."""
+    assert spec.llm is not None
+    for index, prompt in enumerate(spec.llm.prompts):
+        length = len(tokenizer.encode(prompt, add_special_tokens=False).ids)
+        if length + spec.llm.new_tokens > spec.llm.max_seq_len:
+            raise SpecError(f"llm.prompts[{index}]: {length} tokens plus new_tokens ({spec.llm.new_tokens}) exceed "
+                            f"max_seq_len ({spec.llm.max_seq_len}); shorten the prompt or raise max_seq_len")

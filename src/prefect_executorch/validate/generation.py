@@ -14,10 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.errors import SpecError
 from prefect_executorch.export.quantize import build_facts
 from prefect_executorch.spec.buildspec import BuildSpec
-from prefect_executorch.spec.causal_lm import check_vocabulary, eos_ids, load_causal_lm, load_tokenizer
+from prefect_executorch.spec.causal_lm import (
+    check_prompt_lengths,
+    check_vocabulary,
+    eos_ids,
+    load_causal_lm,
+    load_tokenizer,
+)
 from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.validate.report import (
     GateResult,
@@ -29,7 +34,6 @@ from prefect_executorch.validate.report import (
 )
 
 if TYPE_CHECKING:
-    from tokenizers import Tokenizer
     from transformers import PreTrainedModel
 
     from prefect_executorch.validate.validator import ValidateRequest
@@ -108,7 +112,7 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
     tokenizer = load_tokenizer(spec)
     model = load_causal_lm(spec)
     check_vocabulary(model, tokenizer)
-    _check_lengths(spec, tokenizer)
+    check_prompt_lengths(spec, tokenizer)
     started = time.monotonic()
     runner = TextLLMRunner(str(bundle / req.program), str(bundle / TOKENIZER_FILE))
     load_seconds = time.monotonic() - started
@@ -155,12 +159,3 @@ def generation_gates(report: GenerationReport, spec: BuildSpec) -> list[GateResu
                    detail=f"perplexity of eager's continuations {ratio:.3f}x fp32 eager's, at most {maximum:g}x "
                    "allowed" if ratio is not None else "not measured"),
     ]
-
-
-def _check_lengths(spec: BuildSpec, tokenizer: Tokenizer) -> None:
-    assert spec.llm is not None
-    for index, prompt in enumerate(spec.llm.prompts):
-        length = len(tokenizer.encode(prompt, add_special_tokens=False).ids)
-        if length + spec.llm.new_tokens > spec.llm.max_seq_len:
-            raise SpecError(f"llm.prompts[{index}]: {length} tokens plus new_tokens ({spec.llm.new_tokens}) exceed "
-                            f"max_seq_len ({spec.llm.max_seq_len}); shorten the prompt or raise max_seq_len")
