@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -224,7 +225,7 @@ def run_isolated(
             args=(command, str(request_path), str(response_path), str(log_path), address_space),
             name=f"prefect-executorch-{command}",
         )
-        proc.start()
+        start_child(proc)
         over_mib: int | None = None
         try:
             if memory_limit is not None and memory_limit.kind == "resident":
@@ -274,6 +275,25 @@ def run_isolated(
             f"{what} failed in the child process: {response['message']}", child_output=stderr_tail
         )
     return result_type.model_validate(response["result"])
+
+
+#: Serialises starting children; see ``start_child``.
+_START_LOCK = threading.Lock()
+
+
+def start_child(proc: Any) -> None:
+    """Start ``proc`` so that no other thread ever reads its exit status (CPython gh-130895).
+
+    ``Process.start()`` first polls every child this process started before; with the forkserver, a
+    poll reads the exit status off a pipe once, so a thread starting a child just as another thread's
+    child exits can take that status, and the owner's own poll then reads end-of-file and reports
+    exit code 255 (concurrent builds in one flow run: 73 of 400 children so, four threads here). Each
+    child is taken out of that bookkeeping as it starts, under a lock so no start polls it meanwhile;
+    ``run_isolated`` joins its own child.
+    """
+    with _START_LOCK:
+        proc.start()
+        multiprocessing.process._children.discard(proc)  # type: ignore[attr-defined]  # CPython's registry
 
 
 def _group_rss_mib(pgid: int) -> int:

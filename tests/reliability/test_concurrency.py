@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +26,7 @@ from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import BundleConflict
 from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.hashing import sha256_bytes
+from prefect_executorch.isolation import start_child
 from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.tasks.export import export_model
 from prefect_executorch.tasks.probe import probe_toolchain
@@ -149,3 +152,28 @@ def test_concurrent_builds_in_one_flow_run_share_nothing_on_disk(prefect_harness
             assert (Path(export.out_dir) / entry.path).read_bytes() == pulled.read_bytes()
     fault.check_intact(store, [ref.key for _, ref in built], tmp_path / "after")
     assert fault.lost == 0
+
+
+def test_children_started_from_many_threads_each_report_their_own_exit_status() -> None:
+    """Concurrent builds start children from several threads: each child's exit status reaches its own caller.
+
+    CPython's ``Process.start()`` polls every earlier child, and a forkserver child's status can be read
+    once: a start in one thread could take another thread's status, which then read exit code 255.
+    """
+    context = multiprocessing.get_context("forkserver")
+    statuses: list[int | None] = []
+
+    def start_and_join(count: int) -> None:
+        for _ in range(count):
+            child = context.Process(target=os.getpid)
+            start_child(child)
+            child.join(60)
+            statuses.append(child.exitcode)
+
+    threads = [threading.Thread(target=start_and_join, args=(50,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(statuses) == 200
+    assert [status for status in statuses if status != 0] == []
