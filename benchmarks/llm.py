@@ -57,9 +57,11 @@ def eager_side(model_dir: Path) -> Any:
 def runner_side(bundle: Path) -> Any:
     """Greedy generation through ExecuTorch's ``TextLLMRunner``: (seconds, tokens generated) for ``tokens`` new tokens
     (fewer if it generates the end-of-sequence token: the runner stops there)."""
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+    from executorch.extension.llm.runner import GenerationConfig
 
-    runner = TextLLMRunner(str(bundle / "model.pte"), str(bundle / "tokenizer.json"))
+    from prefect_executorch.validate.generation import load_runner
+
+    runner = load_runner(bundle / "model.pte", bundle / "tokenizer.json")
 
     def timed(tokens: int) -> tuple[float, int]:
         pieces: list[str] = []

@@ -42,6 +42,7 @@ class QuantizationFacts(BaseModel):
     float_linears: list[str] = Field(
         default_factory=list, description="Linear layers left in float: in_features not a multiple of group_size."
     )
+    embeddings: str | None = Field(None, description="The token embeddings' weight type (int8, int4); None: float.")
 
 
 def torchao_version() -> str | None:
@@ -118,9 +119,30 @@ def quantize_model(model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
 
     model = copy.deepcopy(model)
     quantize_(model, _torchao_config(quantization), filter_fn=_quantizable(quantization))
+    if quantization.embeddings:
+        _quantize_embeddings(model, quantization.embeddings)
     # Plain tensors for torch.export, as ExecuTorch's source-transform stage leaves them.
     unwrap_tensor_subclass(model)
     return model
+
+
+#: ``quantization.embeddings`` as ExecuTorch's LLM export names it (``qembedding_config``).
+EMBEDDING_CONFIGS = {"int8": "8w", "int4": "4w"}
+
+
+def _quantize_embeddings(model: torch.nn.Module, weights: str) -> None:
+    """The model's embedding tables in ``weights`` (int8, int4), by ExecuTorch's own LLM quantizer.
+
+    The lowering fuses each into one quantized embedding kernel, whose pattern is ``embedding(weight, indices)``:
+    a ``padding_idx`` (which changes gradients only, never what a lookup returns) would keep it from matching.
+    """
+    import torch
+    from executorch.extension.llm.export.quantize import quantize_model_
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            module.padding_idx = None
+    quantize_model_(model, qembedding_config=EMBEDDING_CONFIGS[weights], skip_incompatible_shapes=True)
 
 
 def linear_facts(model: torch.nn.Module, quantization: QuantizationSpec) -> tuple[int | None, list[str]]:
@@ -173,6 +195,7 @@ def build_facts(spec: BuildSpec, model: torch.nn.Module, calibration: str | None
         **quantizer_versions(spec.quantization),
         quantized_linears=quantized,
         float_linears=left,
+        embeddings=spec.quantization.embeddings,
     )
 
 

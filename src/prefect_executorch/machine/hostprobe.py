@@ -128,6 +128,9 @@ def stock_runtime() -> Any:
         from executorch.extension.pybindings import _portable_lib as extension
     except ImportError:  # ExecuTorch 1.5 renamed the extension to _C
         from executorch.extension.pybindings import _C as extension  # type: ignore[attr-defined,no-redef,unused-ignore]
+    # Its quantized kernels (quantized embeddings: quantization.embeddings) come with the wheel's quantized-ops
+    # library, which registers them in the runtime every extension of this process shares (the LLM runner's too).
+    import executorch.kernels.quantized  # noqa: F401
     return extension
 
 

@@ -369,6 +369,9 @@ class QuantizationSpec(StrictModel):
     scheme: str = Field(description="int8-dynamic | int8da4w | int8-weight-only | int8-static (CPU); int8 | fp8 (tensorrt).")
     group_size: int | None = Field(None, ge=2, description="Weights per scale of int8da4w (default 32).")
     calibration: CalibrationSpec | None = Field(None, description="int8-static, int8, fp8; default: the validation samples.")
+    embeddings: Literal["int8", "int4"] | None = Field(
+        None, description="`llm:` specs: the token embedding table in 8 or 4 bits (ExecuTorch's quantized embedding "
+        "kernels); default float.")
 
     @field_validator("scheme")
     @classmethod
@@ -494,6 +497,8 @@ class BuildSpec(StrictModel):
     @model_validator(mode="after")
     def _one_kind(self) -> BuildSpec:
         if self.llm is None:
+            if self.quantization is not None and self.quantization.embeddings is not None:
+                raise ValueError("quantization.embeddings: applies to an `llm:` spec's token embeddings only; remove it")
             if not self.methods:
                 raise ValueError("methods: give at least one method (or an `llm:` section for a decoder language "
                                  "model)")

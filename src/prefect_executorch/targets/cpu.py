@@ -65,7 +65,11 @@ class CpuTarget(Target):
         """The edge program as an ExecuTorch program, weights inline or tagged for the ``.ptd``."""
         from executorch.exir import ExecutorchBackendConfig
 
-        return edge.to_executorch(ExecutorchBackendConfig(external_constants=_weights_tag if spec.external_weights else False))
+        # Quantized embeddings (torchao's dequantize + embedding) become ExecuTorch's quantized embedding kernels
+        # in this pass; nothing else runs torchao's dequantize.
+        fuse = spec.quantization is not None and spec.quantization.embeddings is not None
+        return edge.to_executorch(ExecutorchBackendConfig(
+            external_constants=_weights_tag if spec.external_weights else False, do_quant_fusion_and_const_prop=fuse))
 
     def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path,
               constant_methods: dict[str, Any] | None = None) -> Lowered:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from prefect_executorch.export.quantize import build_facts
+from prefect_executorch.machine.runtimes import runtime_extension
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.causal_lm import (
     check_prompt_lengths,
@@ -78,6 +79,14 @@ def teacher_forced(method: Any, model: PreTrainedModel, prompt_ids: list[int], c
     )
 
 
+def load_runner(program: Path, tokenizer: Path) -> Any:
+    """ExecuTorch's ``TextLLMRunner`` over a program and its tokenizer, with the runtime's quantized kernels."""
+    from executorch.extension.llm.runner import TextLLMRunner
+
+    runtime_extension()  # registers the quantized kernels (a program with quantized embeddings needs them)
+    return TextLLMRunner(str(program), str(tokenizer))
+
+
 def runner_greedy(runner: Any, prompt: str, new_tokens: int) -> tuple[list[str], GenerationStats]:
     """The runner's greedy continuation of ``prompt`` from an empty cache, and its timing."""
     from executorch.extension.llm.runner import GenerationConfig
@@ -104,7 +113,6 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
     """Child side of an LLM's validation: every prompt through eager ``generate``, the LLM runner and, fed eager's
     tokens, the program itself; a float build must match token for token, a quantized one pass its gates."""
     import torch
-    from executorch.extension.llm.runner import TextLLMRunner
     from executorch.runtime import Runtime
 
     spec, bundle = req.spec, Path(req.bundle_dir)
@@ -114,7 +122,7 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
     check_vocabulary(model, tokenizer)
     check_prompt_lengths(spec, tokenizer)
     started = time.monotonic()
-    runner = TextLLMRunner(str(bundle / req.program), str(bundle / TOKENIZER_FILE))
+    runner = load_runner(bundle / req.program, bundle / TOKENIZER_FILE)
     load_seconds = time.monotonic() - started
     cases, timings = [], []
     with torch.no_grad():

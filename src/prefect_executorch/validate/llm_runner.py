@@ -13,7 +13,7 @@ from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.targets import PROGRAM_FILE
-from prefect_executorch.validate.generation import GenerationCases, compare_generation, runner_greedy
+from prefect_executorch.validate.generation import GenerationCases, compare_generation, load_runner, runner_greedy
 from prefect_executorch.validate.report import GenerationReport, GenerationStats
 
 #: Wall-time limit of a child that runs a bundle's prompts (a small model takes seconds).
@@ -35,11 +35,9 @@ class Generated(BaseModel):
     stats: GenerationStats
 
 
-def load_runner(bundle: Path) -> Any:
+def bundle_runner(bundle: Path) -> Any:
     """ExecuTorch's ``TextLLMRunner`` over a bundle folder's program and tokenizer."""
-    from executorch.extension.llm.runner import TextLLMRunner
-
-    return TextLLMRunner(str(bundle / PROGRAM_FILE), str(bundle / TOKENIZER_FILE))
+    return load_runner(bundle / PROGRAM_FILE, bundle / TOKENIZER_FILE)
 
 
 def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
@@ -48,7 +46,7 @@ def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
 
     bundle = Path(RunnerRequest.model_validate(request).bundle_dir)
     cases = GenerationCases.model_validate_json((bundle / GENERATION_CASES_FILE).read_text())
-    tokenizer, runner = Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), load_runner(bundle)
+    tokenizer, runner = Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), bundle_runner(bundle)
     results, timings = [], []
     for prompt, expected in zip(cases.prompts, cases.expected, strict=True):
         actual, timing = runner_greedy(runner, prompt, cases.new_tokens)
@@ -62,7 +60,7 @@ def generate_in_child(request: dict[str, Any]) -> Generated:
     """Child side: one prompt through the runner, greedily."""
     req = RunnerRequest.model_validate(request)
     assert req.prompt is not None and req.new_tokens is not None
-    pieces, stats = runner_greedy(load_runner(Path(req.bundle_dir)), req.prompt, req.new_tokens)
+    pieces, stats = runner_greedy(bundle_runner(Path(req.bundle_dir)), req.prompt, req.new_tokens)
     return Generated(pieces=pieces, stats=stats)
 
 

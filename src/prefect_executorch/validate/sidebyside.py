@@ -237,10 +237,10 @@ def _generation_side_by_side(req: SideBySideRequest) -> MethodComparison:
     generation (the first prompt's) with their windows interleaved."""
     from prefect_executorch.spec.llm import GENERATION_CASES_FILE
     from prefect_executorch.validate.generation import GenerationCases, compare_generation, runner_greedy
-    from prefect_executorch.validate.llm_runner import load_runner
+    from prefect_executorch.validate.llm_runner import bundle_runner
 
     cases = GenerationCases.model_validate_json((Path(req.candidate.dir) / GENERATION_CASES_FILE).read_text())
-    current, candidate = load_runner(Path(req.current.dir)), load_runner(Path(req.candidate.dir))
+    current, candidate = bundle_runner(Path(req.current.dir)), bundle_runner(Path(req.candidate.dir))
     compared = [compare_generation(prompt, 0, runner_greedy(current, prompt, cases.new_tokens)[0],
                                    runner_greedy(candidate, prompt, cases.new_tokens)[0], reference="the current bundle")
                 for prompt in cases.prompts]
