@@ -18,6 +18,7 @@ from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
 from prefect_executorch.spec.causal_lm import load_causal_lm
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
+from prefect_executorch.validate.llm_runner import generate
 from prefect_executorch.validate.validator import require_passed, validate_program
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
@@ -213,7 +214,7 @@ def built_llama(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
         f"llm:\n  max_seq_len: 40\n  new_tokens: 12\n  prompts: {json.dumps(LLM['prompts'])}\n")
     built = _cli("build", "llm.yaml", cwd=work)
     assert built.returncode == 0, built.stderr[-3000:]
-    assert "validation: 3 prompts through ExecuTorch's LLM runner: 3 prompts, every token as eager's" in built.stdout
+    assert "validation through ExecuTorch's LLM runner: 3 prompts, every token as eager's" in built.stdout
     assert "get_max_seq_len" not in built.stdout  # the runner's metadata methods are not the user's methods
     pulled = _cli("pull", "tiny-llama", "--version", "1", "--to", "pulled", "--verify", cwd=work)
     assert pulled.returncode == 0, pulled.stderr[-3000:]
@@ -237,6 +238,13 @@ def test_a_user_builds_verifies_and_generates_with_a_llama_directory(built_llama
     assert "get_eos_ids" not in inspected.stdout
     tensor_bundle = _cli("generate", str(work / "store"), "x", cwd=work)
     assert tensor_bundle.returncode == 2 and "has no manifest.json" in tensor_bundle.stderr, tensor_bundle.stderr
+
+
+def test_generate_hands_over_the_text_as_the_child_makes_it(built_llama: Path) -> None:
+    """``generate``'s text reaches its caller through ``on_text`` as the runner makes it, whole and in order."""
+    chunks: list[str] = []
+    generated = generate(built_llama / "pulled", "prefect runs", 24, on_text=chunks.append, start="spawn")
+    assert generated.pieces and "".join(chunks) == "".join(generated.pieces)
 
 
 def test_a_changed_generation_case_is_caught_by_verify(built_llama: Path, tmp_path: Path) -> None:

@@ -329,8 +329,7 @@ def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
         error = f"; worst max abs error {worst[method]:.3g}" if method in worst else ""
         console.print(f"  {method}: delegates {count_names(delegates)}{share}{error}")
     if manifest.validation.generation_agreement is not None:
-        console.print(f"validation: {manifest.validation.cases} prompts through ExecuTorch's LLM runner: "
-                      f"{escape(manifest.validation.worst or '-')}")
+        console.print(f"validation through ExecuTorch's LLM runner: {escape(manifest.validation.worst or '-')}")
     else:
         console.print(f"validation: {manifest.validation.cases} cases passed; worst: "
                       f"{escape(manifest.validation.worst or '-')}")
@@ -661,8 +660,14 @@ def generate(
         if not any(entry.role == "generation" for entry in manifest.files):
             raise NotABundle(f"{manifest.key.prefix} is no decoder-LM bundle (it has no tokenizer.json); `generate` "
                              "runs bundles built from an `llm:` spec")
-        generated = run_generate(folder, prompt, new_tokens, start="spawn")
-    console.print(escape(prompt + "".join(generated.pieces)), highlight=False)
+        console.print(escape(prompt), end="", highlight=False)
+
+        def show(text: str) -> None:
+            console.print(escape(text), end="", highlight=False)
+            console.file.flush()
+
+        generated = run_generate(folder, prompt, new_tokens, on_text=show, start="spawn")
+    console.print()
     stats = generated.stats
     speeds = [f"{label} {value:,.0f}{unit}" for label, value, unit in (
         ("prefill", stats.prefill_tokens_per_s, " tokens/s"), ("decode", stats.decode_tokens_per_s, " tokens/s"),

@@ -9,6 +9,7 @@ what eager PyTorch does, token for token.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,15 +88,23 @@ def load_runner(program: Path, tokenizer: Path) -> Any:
     return TextLLMRunner(str(program), str(tokenizer))
 
 
-def runner_greedy(runner: Any, prompt: str, new_tokens: int) -> tuple[list[str], GenerationStats]:
-    """The runner's greedy continuation of ``prompt`` from an empty cache, and its timing."""
+def runner_greedy(runner: Any, prompt: str, new_tokens: int,
+                  on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
+    """The runner's greedy continuation of ``prompt`` from an empty cache, and its timing; ``on_piece`` gets each
+    token's text as the runner makes it."""
     from executorch.extension.llm.runner import GenerationConfig
 
     pieces: list[str] = []
     stats: list[Any] = []
+
+    def take(piece: str) -> None:
+        pieces.append(piece)
+        if on_piece is not None:
+            on_piece(piece)
+
     runner.reset()
     runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0),
-                    token_callback=pieces.append, stats_callback=stats.append)
+                    token_callback=take, stats_callback=stats.append)
     return pieces, GenerationStats.of(stats[-1]) if stats else GenerationStats()
 
 

@@ -3,11 +3,15 @@ and ``generate``: one prompt through the runner, each in a child process."""
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
@@ -18,6 +22,8 @@ from prefect_executorch.validate.report import GenerationReport, GenerationStats
 
 #: Wall-time limit of a child that runs a bundle's prompts (a small model takes seconds).
 CASES_TIMEOUT_S = 600.0
+#: How often ``generate`` looks for new text from its child (s).
+STREAM_POLL_S = 0.05
 
 
 class RunnerRequest(BaseModel):
@@ -26,6 +32,7 @@ class RunnerRequest(BaseModel):
     bundle_dir: str
     prompt: str | None = None
     new_tokens: int | None = None
+    stream_to: str | None = Field(None, description="A file the child appends each token's text to as it comes.")
 
 
 class Generated(BaseModel):
@@ -57,10 +64,16 @@ def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
 
 
 def generate_in_child(request: dict[str, Any]) -> Generated:
-    """Child side: one prompt through the runner, greedily."""
+    """Child side: one prompt through the runner, greedily, each token's text written to ``stream_to`` as it comes."""
     req = RunnerRequest.model_validate(request)
-    assert req.prompt is not None and req.new_tokens is not None
-    pieces, stats = runner_greedy(bundle_runner(Path(req.bundle_dir)), req.prompt, req.new_tokens)
+    assert req.prompt is not None and req.new_tokens is not None and req.stream_to is not None
+    with open(req.stream_to, "a", encoding="utf-8") as stream:
+
+        def write(piece: str) -> None:
+            stream.write(piece)
+            stream.flush()
+
+        pieces, stats = runner_greedy(bundle_runner(Path(req.bundle_dir)), req.prompt, req.new_tokens, write)
     return Generated(pieces=pieces, stats=stats)
 
 
@@ -78,10 +91,45 @@ def run_generation_cases(bundle_dir: Path, *, scratch_dir: Path | None = None, s
     return report
 
 
-def generate(bundle_dir: Path, prompt: str, new_tokens: int, *, start: StartMethod | None = None) -> Generated:
-    """``prompt`` continued greedily by the bundle's program through ExecuTorch's LLM runner (in a child)."""
-    return _in_child("generate", RunnerRequest(bundle_dir=str(bundle_dir), prompt=prompt, new_tokens=new_tokens),
-                     Generated, f"generation with {bundle_dir}", None, start)
+def generate(bundle_dir: Path, prompt: str, new_tokens: int, *, on_text: Callable[[str], None] | None = None,
+             start: StartMethod | None = None) -> Generated:
+    """``prompt`` continued greedily by the bundle's program through ExecuTorch's LLM runner (in a child);
+    ``on_text`` gets the text as the child makes it."""
+    with tempfile.TemporaryDirectory(prefix="generate-") as streams:
+        stream = Path(streams) / "text"
+        stream.touch()
+        request = RunnerRequest(bundle_dir=str(bundle_dir), prompt=prompt, new_tokens=new_tokens, stream_to=str(stream))
+        with _following(stream, on_text):
+            return _in_child("generate", request, Generated, f"generation with {bundle_dir}", None, start)
+
+
+@contextlib.contextmanager
+def _following(path: Path, on_text: Callable[[str], None] | None) -> Iterator[None]:
+    """Pass what is appended to ``path`` to ``on_text`` while the block runs, and the rest when it ends."""
+    if on_text is None:
+        yield
+        return
+    done = threading.Event()
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a read may end inside a character
+
+    def follow() -> None:
+        with path.open("rb") as file:
+            while True:
+                finished = done.is_set()  # read once more after the block ends: what came last
+                text = decoder.decode(file.read())
+                if text:
+                    on_text(text)
+                if finished:
+                    return
+                done.wait(STREAM_POLL_S)
+
+    follower = threading.Thread(target=follow, name="generate-stream", daemon=True)
+    follower.start()
+    try:
+        yield
+    finally:
+        done.set()
+        follower.join()
 
 
 def _in_child(command: str, request: RunnerRequest, result: type[Any], what: str, scratch_dir: Path | None,

@@ -243,7 +243,7 @@ class GenerationReport(BaseModel):
         if failed:
             return failed[0].describe()
         if self.exact:
-            return f"{len(self.cases)} prompts, every token as eager's"
+            return f"{len(self.cases)} prompt{'s' * (len(self.cases) != 1)}, every token as eager's"
         departed = next((case for case in self.cases if not case.passed), None)
         agreement, ratio = self.top1_agreement(), self.perplexity_ratio()
         figures = (f"teacher-forced top-1 agreement {agreement:.1%}, perplexity {ratio:.3f}x fp32 eager's"
