@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -364,26 +365,70 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_killed_build_is_crashed_then_run_again_and_its_matrix_completes(fleet: Fleet) -> None:
-    """The flow-run process of a matrix's build dies (SIGKILL, as by the OOM killer): Crashed, retried once, done."""
-    matrix = _matrix(fleet, "crash-retry")
-    build = _build_of(fleet, "crash-retry")
+def test_a_killed_build_runs_again_exactly_once_and_its_matrix_completes(fleet: Fleet) -> None:
+    """The flow-run process of a matrix's build dies (SIGKILL, as by the OOM killer), with two workers of the pool
+    polling: Crashed once, retried once, run by one worker, Completed; no task run of the dead attempt left Running.
+
+    Prefect's process worker used to report one exit as Crashed twice, and the retry automation answered both: the
+    build ran twice at once on two workers. Three kills, one after the other."""
+    second = fleet.start("worker-cpu-2", [*CLI, "worker", "--pool", "cpu", "--limit", "4"])
+    try:
+        names = _worker_names(fleet, "cpu", count=2)
+        assert len(set(names)) == 2 and all(re.search(r"-pid\d+$", name) for name in names), names
+        for trial in range(3):
+            _kill_and_rerun(fleet, f"crash-retry-{trial}")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(30)
+
+
+def _worker_names(fleet: Fleet, pool: str, count: int, timeout: float = 120) -> list[str]:
+    """The names of the pool's workers once ``count`` of them have polled."""
+    deadline = time.monotonic() + timeout
+    with _client(fleet) as client:
+        while len(workers := client.read_workers_for_work_pool(pool)) < count:
+            assert time.monotonic() < deadline, f"{len(workers)} workers of {pool} polled"
+            time.sleep(1)
+    return [worker.name for worker in workers]
+
+
+def _running_task(fleet: Fleet, flow_run_id: Any, timeout: float = 120) -> Any:
+    """The id of a task run of ``flow_run_id`` once one is Running."""
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    deadline = time.monotonic() + timeout
+    with _client(fleet) as client:
+        while True:
+            runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            running = [run for run in runs if run.state and run.state.is_running()]
+            if running:
+                return running[0].id
+            assert time.monotonic() < deadline, f"no task run of {flow_run_id} ran: {[r.state_name for r in runs]}"
+            time.sleep(0.2)
+
+
+def _kill_and_rerun(fleet: Fleet, version: str) -> None:
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    matrix = _matrix(fleet, version)
+    build = _build_of(fleet, version)
+    running = _running_task(fleet, build.id)
     os.kill(_pid(build), signal.SIGKILL)
     done = _wait_final(fleet, matrix, 300)
     assert done.state.is_completed(), f"{done.state.message}\n{tail(fleet.home / 'worker-cpu.log')}"
     with _client(fleet) as client:
         states = client.read_flow_run_states(build.id)
         build = client.read_flow_run(build.id)
+        task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[build.id])))
     history = [s.name for s in states]
     told = "\n".join(f"{s.timestamp} {s.name}: {s.message}" for s in states)
-    rerun = history[history.index("Crashed"):]
-    # Prefect's process worker reports the exit twice (its process runner, then its infrastructure check):
-    # each Crashed of the first run is answered by AwaitingRetry; then the second run.
-    crashes = rerun[:rerun.index("Pending")]
-    assert set(crashes) == {"Crashed", "AwaitingRetry"} and crashes[-1] == "AwaitingRetry", told
-    assert rerun[len(crashes):] == ["Pending", "Submitting", "Running", "Completed"], told
-    assert build.run_count == 2 and build.state.is_completed()
-    key = BundleKey(name=MODEL, version="crash-retry", target="xnnpack", compat=f"cpu-xnnpack-{os.uname().machine}")
+    assert history[history.index("Crashed"):] == ["Crashed", "AwaitingRetry", "Pending", "Submitting", "Running", "Completed"], told
+    assert build.run_count == 2 and build.state.is_completed(), told
+    left = [f"{t.name}: {t.state_name} (attempt {t.flow_run_run_count})" for t in task_runs if not t.state.is_final()]
+    assert left == [], told
+    killed = next(t for t in task_runs if t.id == running)
+    assert killed.state.is_crashed() and killed.flow_run_run_count == 1, f"{killed.name}: {killed.state_name}"
+    key = BundleKey(name=MODEL, version=version, target="xnnpack", compat=f"cpu-xnnpack-{os.uname().machine}")
     assert read_manifest(open_store(fleet.store), key)[0].validation.passed
     assert not list((fleet.home / "tmp").glob("prefect-executorch-*")), "a scratch directory outlived its run"
 

@@ -134,14 +134,14 @@ def test_a_pinned_worker_answers_for_its_own_gpu() -> None:
     assert _route(two, "gpu-cu132", "sm100", gpu_index=1).accepted
     refused = _route(two, "gpu-cu132", "sm90", gpu_index=1)
     assert "GPU 1 NVIDIA B200 sm100" in refused.reason
-    assert default_worker_name(two, 1) == "vm-cu132-sm100-trt11.1.0.5-gpu1"
+    assert default_worker_name(two, 1, 4711) == "vm-cu132-sm100-trt11.1.0.5-gpu1-pid4711"
     assert advertised(two, 1)["executorch.gpu"] == "1:NVIDIA B200"
 
 
 def test_a_matrix_run_only_dispatches_so_its_spec_asks_nothing() -> None:
     here = probe()
     assert route({"spec": SPEC, "targets": []}, {}, "cpu", "default", here).accepted
-    assert default_worker_name(here, None).endswith(f"-{here.cuda_channel or 'cpu'}-none-trtnone")
+    assert default_worker_name(here, None, 12).endswith(f"-{here.cuda_channel or 'cpu'}-none-trtnone-pid12")
 
 
 def test_placements_and_cells() -> None:

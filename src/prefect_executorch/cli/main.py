@@ -816,7 +816,7 @@ def worker(
         err_console.print(f"[yellow]warning:[/] pool {pool} builds for {channel} but this machine is "
                           f"{describe_worker(toolchain, gpu)}: every run will be refused")
     prepare_pools([plan_pool(pool, tuple(queue))])
-    worker_name = name or default_worker_name(toolchain, gpu)
+    worker_name = name or default_worker_name(toolchain, gpu, os.getpid())
     # This process's environment, not a setting read: the flow runs it starts inherit the pin.
     if gpu is not None:
         os.environ[WORKER_GPU_ENV] = str(gpu)

@@ -97,13 +97,18 @@ def advertised(toolchain: Toolchain, gpu_index: int | None) -> dict[str, str]:
     }
 
 
-def default_worker_name(toolchain: Toolchain, gpu_index: int | None) -> str:
-    """``<host>-<channel>-<sm>-trt<version>[-gpu<i>]``, e.g. ``h200a-cu132-sm90-trt11.1.0-gpu0``."""
+def default_worker_name(toolchain: Toolchain, gpu_index: int | None, pid: int) -> str:
+    """``<host>-<channel>-<sm>-trt<version>[-gpu<i>]-pid<pid>``, e.g. ``h200a-cu132-sm90-trt11.1.0-gpu0-pid4711``.
+
+    The process id tells apart workers started alike on one host: Prefect takes workers of one name for one
+    (two terminals showed as one worker, still online after one of them was killed).
+    """
     facts = advertised(toolchain, gpu_index)
     parts = [toolchain.hostname or "worker", facts[f"{LABEL_PREFIX}cuda_channel"], facts[f"{LABEL_PREFIX}sm"],
              "trt" + facts[f"{LABEL_PREFIX}tensorrt"]]
     if gpu_index is not None:
         parts.append(f"gpu{gpu_index}")
+    parts.append(f"pid{pid}")
     return "-".join(parts).replace("/", "-").replace("%", "-")
 
 
@@ -126,6 +131,8 @@ class ExecutorchWorker(ProcessWorker):
         self.gpu_index = read_settings(WorkerSettings).gpu
         #: The flow runs this worker has started and Prefect's runner has not finished with.
         self.in_flight: set[UUID] = set()
+        #: Flow runs whose crash Prefect's runner has reported: the base worker must not report it again.
+        self.crash_reported: set[UUID] = set()
 
     async def setup(self) -> None:
         """Probe first (unless the CLI did), so a worker that cannot probe never polls."""
@@ -173,9 +180,46 @@ class ExecutorchWorker(ProcessWorker):
             configuration.env.update({"CUDA_VISIBLE_DEVICES": str(self.gpu_index), GPU_ENV: str(self.gpu_index)})
         self.in_flight.add(flow_run.id)
         try:
-            return await super().run(flow_run, configuration, task_status)
+            result = await super().run(flow_run, configuration, task_status)
         finally:
             self.in_flight.discard(flow_run.id)
+        if result.status_code != 0:
+            # Prefect's runner has reported this exit as Crashed already; its base worker would report it again on
+            # the status code, 2 s later, and the retry automation answers every Crashed event: by then the run was
+            # scheduled again, so one crash was retried twice and one build ran on two workers at once.
+            self.crash_reported.add(flow_run.id)
+            await self._crash_task_runs_of(flow_run)
+        return result
+
+    async def _propose_crashed_state(self, flow_run: FlowRun, message: str, client: Any = None) -> None:
+        if flow_run.id in self.crash_reported:
+            self.crash_reported.discard(flow_run.id)
+            return
+        await super()._propose_crashed_state(flow_run, message, client)
+
+    async def _crash_task_runs_of(self, flow_run: FlowRun) -> None:
+        """Mark Crashed the task runs the dead attempt left Running or Pending (no process will end them)."""
+        from prefect.client.schemas.filters import (
+            FlowRunFilter,
+            FlowRunFilterId,
+            TaskRunFilter,
+            TaskRunFilterState,
+            TaskRunFilterStateType,
+        )
+        from prefect.client.schemas.objects import StateType
+        from prefect.states import Crashed
+
+        # The attempt this worker started: the run entered Running once more than when it was submitted. A retry
+        # elsewhere (its run count one higher) may be running already; its task runs are left alone.
+        attempt = flow_run.run_count + 1
+        left = await self.client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
+            task_run_filter=TaskRunFilter(state=TaskRunFilterState(
+                type=TaskRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))))
+        for task_run in left:
+            if task_run.flow_run_run_count == attempt:
+                await self.client.set_task_run_state(
+                    task_run.id, Crashed(message="its flow-run process died while it ran"), force=True)
 
 
 def serve(worker: ExecutorchWorker, *, run_once: bool, with_healthcheck: bool, printer: Callable[[str], None]) -> None:
