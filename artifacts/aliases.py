@@ -143,7 +143,8 @@ def select_bundle(store: ObjectStore, name: str, version: str, target: str | Non
             f"no bundle of {name} version {version} matches target={target or 'any'} compat={compat or 'any'} "
             f"in {store.url}; its bundles: {existing}")
     raise BundleConflict(
-        f"{name} version {version} has {len(candidates)} bundles ({existing}); choose one with --target/--compat")
+        f"{name} version {version} has {len(candidates)} bundles ({existing}); choose one by its target and compat "
+        "(`promote --target/--compat`; the promote-bundle flow's `target` and `compat` parameters)")
 
 
 def promote(

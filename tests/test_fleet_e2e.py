@@ -433,6 +433,37 @@ def _kill_and_rerun(fleet: Fleet, version: str) -> None:
     assert not list((fleet.home / "tmp").glob("prefect-executorch-*")), "a scratch directory outlived its run"
 
 
+def _docs_block(path: Path, after: str) -> str:
+    """The first ```bash block of ``path`` after the line containing ``after``."""
+    text = path.read_text()
+    block = text[text.index(after):].split("```bash\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+def test_the_docs_deployment_commands_run_as_written(fleet: Fleet) -> None:
+    """docs/fleet.md's build and promote through deployments, pasted as an operator would (in a shell with the
+    project's environment active; the build's store is this server's)."""
+    commands = _docs_block(ROOT / "docs" / "fleet.md", "**One build through a deployment**")
+    build, promote = commands.split("prefect deployment run promote-bundle")
+    promote = "prefect deployment run promote-bundle" + promote
+    shell = {**fleet.env, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for command, ends in ((build.replace("s3://bundles/prod", fleet.store), "build"), (promote, "promote")):
+        ran = subprocess.run(["bash", "-euo", "pipefail", "-c", command], cwd=ROOT, env=shell, capture_output=True,
+                             text=True, timeout=120)
+        assert ran.returncode == 0, f"{ends}: {ran.stdout}{ran.stderr}"
+        done = _wait_final(fleet, _created_run(ran.stdout), 300)
+        assert done.state.is_completed(), f"{ends}: {done.state.message}"
+    prod = read_alias(open_store(fleet.store), "small-convnet", "prod")
+    assert prod is not None and prod[0].bundle_key().version == "1.0.0"
+
+
+def _created_run(output: str) -> str:
+    """The flow run id ``prefect deployment run`` printed."""
+    found = re.search(r"UUID: ([0-9a-f-]{36})", output)
+    assert found, output
+    return found.group(1)
+
+
 def test_a_cancelled_matrix_cancels_the_build_it_sent(fleet: Fleet) -> None:
     from prefect.states import Cancelling
 
