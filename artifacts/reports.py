@@ -15,6 +15,7 @@ from prefect_executorch.validate.triage import TriageReport
 
 if TYPE_CHECKING:
     from prefect_executorch.artifacts.aliases import AliasRecord
+    from prefect_executorch.artifacts.manifest import BundleKey
     from prefect_executorch.artifacts.registry import BundleRef
 
 
@@ -145,14 +146,31 @@ def publish_refusal_artifact(name: str, alias: str, refused: PromotionRefused) -
     )
 
 
-def publish_bundle_link(ref: BundleRef, how: str) -> None:
-    """A link to the bundle's manifest on the current run, keyed per model and target: its history is their builds."""
-    from prefect.artifacts import create_link_artifact
+def bundle_markdown(ref: BundleRef, how: str) -> str:
+    """Where a bundle is, as text to copy: a store's path or ``s3://`` URL opens in no browser, so no link."""
+    key = ref.key
+    return "\n".join([
+        f"**{key.name} {key.version} {key.target}/{key.compat}**: {how}",
+        "",
+        f"- **manifest:** `{manifest_location(ref)}`",
+        f"- **manifest sha256:** `{ref.manifest_sha256}`",
+        f"- **pull:** `prefect-executorch pull {key.name} --version {key.version} --target {key.target} "
+        f"--compat {key.compat} --store {ref.store} --to ./{key.name}-{key.version}`",
+    ])
 
-    create_link_artifact(
+
+def manifest_location(ref: BundleRef) -> str:
+    """The manifest's path or URL in its store."""
+    return f"{ref.store.rstrip('/')}/{ref.manifest_key}"
+
+
+def publish_bundle_link(ref: BundleRef, how: str) -> None:
+    """Where the bundle is, on the current run, keyed per model and target: its history is their builds."""
+    from prefect.artifacts import create_markdown_artifact
+
+    create_markdown_artifact(
         key=artifact_key("bundle", ref.key.name, ref.key.target),
-        link=f"{ref.store.rstrip('/')}/{ref.manifest_key}",
-        link_text=f"{ref.key.name} {ref.key.version} {ref.key.target}/{ref.key.compat}",
+        markdown=bundle_markdown(ref, how),
         description=f"{how}; manifest sha256 {ref.manifest_sha256}",
     )
 
@@ -165,7 +183,7 @@ def build_summary_markdown(ref: BundleRef, report: ValidationReport, export_seco
     return "\n".join([
         f"# {key.name} {key.version} {key.target}: {'PUBLISHED' if report.passed else 'FAILED'}",
         "",
-        f"- **bundle:** [{key.prefix}]({ref.store.rstrip('/')}/{ref.manifest_key})",
+        f"- **bundle:** `{manifest_location(ref)}`",
         f"- **runs on:** `{key.compat}`",
         f"- **validation:** {'passed' if report.passed else 'FAILED'}, {len(report.cases)} cases; worst: "
         f"{report.describe_worst() or '-'}",
@@ -173,6 +191,18 @@ def build_summary_markdown(ref: BundleRef, report: ValidationReport, export_seco
         f"- **export:** {export_seconds:.1f} s; program loaded in {report.load_seconds:.2f} s",
         f"- **manifest sha256:** `{ref.manifest_sha256}`",
     ])
+
+
+def publish_failure_summary(key: BundleKey, stage: str, exc: Exception, child_output: str | None) -> None:
+    """A failed build's summary, under the key a published one's takes: what failed, why, where its child's output is."""
+    from prefect.artifacts import create_markdown_artifact
+
+    lines = [f"# {key.name} {key.version} {key.target}: FAILED at {stage}", "", "Nothing was published.", "",
+             f"- **{type(exc).__name__}:** {exc}"]
+    if child_output:
+        lines.append(f"- **the child process's output:** artifact `{child_output}`")
+    create_markdown_artifact(key=artifact_key("build", key.name, key.target), markdown="\n".join(lines),
+                             description=f"FAILED at {stage}: {key.name} {key.version} {key.target}/{key.compat}")
 
 
 def publish_build_summary(ref: BundleRef, report: ValidationReport, export_seconds: float) -> None:

@@ -10,9 +10,9 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.rebuild import PublishedBuild, check_rebuild
 from prefect_executorch.artifacts.registry import BundleRef
-from prefect_executorch.artifacts.reports import publish_bundle_link
+from prefect_executorch.artifacts.reports import publish_bundle_link, publish_failure_summary
 from prefect_executorch.artifacts.urls import open_store
-from prefect_executorch.errors import ExportFailed, ValidationFailed
+from prefect_executorch.errors import PrefectExecutorchError
 from prefect_executorch.fleet.gpus import gpu_slot
 from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.spec.buildspec import BuildSpec
@@ -57,14 +57,19 @@ def build_and_publish(
         key = BundleKey.of(spec.name, spec.version, spec.target_name, compat)
         try:
             export = export_model(spec, output_root)
-        except ExportFailed as exc:
-            emit_bundle_event(EXPORT_FAILED, key, published.store_url, payload={"error": str(exc).splitlines()[0]})
-            keep_child_output(spec, exc)
+        except PrefectExecutorchError as exc:  # a model factory that raises is a SpecError, a crash ChildProcessFailed
+            _report_failure(EXPORT_FAILED, spec, key, published.store_url, exc)
             raise
         try:
             report = validate_export(spec, export, output_root)
-        except ValidationFailed as exc:
-            emit_bundle_event(VALIDATION_FAILED, key, published.store_url, payload={"error": str(exc).splitlines()[0]})
-            keep_child_output(spec, exc)
+        except PrefectExecutorchError as exc:
+            _report_failure(VALIDATION_FAILED, spec, key, published.store_url, exc)
             raise
     return publish_bundle(spec, toolchain, export, report, store, published.inputs, weights_uri, training_run, compat)
+
+
+def _report_failure(event: str, spec: BuildSpec, key: BundleKey, store_url: str, exc: PrefectExecutorchError) -> None:
+    """What a failed build leaves, whatever failed: the event automations notify on, its summary and its child's output."""
+    emit_bundle_event(event, key, store_url, payload={"error": str(exc).splitlines()[0]})
+    kept = keep_child_output(spec, exc)
+    publish_failure_summary(key, "export" if event == EXPORT_FAILED else "validation", exc, kept)

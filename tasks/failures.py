@@ -60,16 +60,18 @@ def log_failures_in_one_line() -> None:
             logger.addFilter(OneLineFailures())
 
 
-def keep_child_output(spec: BuildSpec, exc: PrefectExecutorchError) -> None:
-    """The output of the child process behind ``exc``, as a markdown artifact of the run (none without one).
+def keep_child_output(spec: BuildSpec, exc: PrefectExecutorchError) -> str | None:
+    """The output of the child process behind ``exc``, as a markdown artifact of the run; its key (None without one).
 
     Keyed per model and target, so the artifact's history is that build's failures.
     """
     if not exc.child_output:
-        return
+        return None
+    key = artifact_key("child-output", spec.name, spec.target_name)
     create_markdown_artifact(
         f"**{type(exc).__name__}**: {exc}\n\nThe child process's stderr (its last lines):\n\n"
         f"{FENCE}text\n{exc.child_output}\n{FENCE}\n",
-        key=artifact_key("child-output", spec.name, spec.target_name),
+        key=key,
         description=f"stderr of the child process behind the failed build of {spec.name} {spec.version}",
     )
+    return key

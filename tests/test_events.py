@@ -14,13 +14,13 @@ import yaml
 from prefect import flow
 
 from prefect_executorch.artifacts.store import LocalStore
-from prefect_executorch.errors import ValidationFailed
+from prefect_executorch.errors import PrefectExecutorchError, ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.tasks.assets import asset_uri, bundle_asset_key
-from prefect_executorch.tasks.events import PROMOTED, PUBLISHED, PULLED, REUSED, VALIDATION_FAILED
+from prefect_executorch.tasks.events import EXPORT_FAILED, PROMOTED, PUBLISHED, PULLED, REUSED, VALIDATION_FAILED
 from prefect_executorch.tasks.pull import pull_bundle
 
 from helpers import spec_data
@@ -143,5 +143,33 @@ def test_a_cache_hit_and_the_clis_commands_are_events_and_a_link_to_the_bundle(t
     assert sorted(link.description.split(";")[0] for link in links) == [
         "cache hit: an identical build's bundle, nothing exported", "published"]
     key = ref.key
-    assert {link.data for link in links} == {
-        f"[mlp 1 xnnpack/{key.compat}]({store.url.rstrip('/')}/{ref.manifest_key})"}
+    assert all(f"- **manifest:** `{store.url.rstrip('/')}/{ref.manifest_key}`" in str(link.data) for link in links)
+    assert all(f"prefect-executorch pull mlp --version 1 --target xnnpack --compat {key.compat}" in str(link.data)
+               for link in links)
+
+
+@pytest.mark.parametrize(("factory", "error", "output"), [("raises", "SpecError", True),
+                                                        ("kills_itself", "ExportFailed", False)])
+def test_every_failed_export_is_an_event_and_leaves_its_summary(tmp_path: Path, factory: str, error: str,
+                                                                output: bool) -> None:
+    """A model factory that raises, or whose process dies: the export.failed event the notify automation fires on, and
+    the build's summary saying what failed, with the child's output beside it (a killed child printed none)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    store = LocalStore(tmp_path / "store")
+    spec = parse_spec(spec_data(factory, methods=MLP, validation={"samples": 1, "latency_runs": 0}))
+    with pytest.raises(PrefectExecutorchError) as raised:
+        build_bundle(spec, store=store.url)
+    events = bundle_events(store.url, expected=1)
+    assert [e.event for e in events] == [EXPORT_FAILED]
+    assert events[0].payload["error"] == str(raised.value).splitlines()[0]
+    with get_client(sync_client=True) as client:
+        summaries = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=[f"build-{spec.name}-xnnpack"])))
+        outputs = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=[f"child-output-{spec.name}-xnnpack"])))
+    ours = [a for a in summaries if str(raised.value).splitlines()[0] in str(a.data)]
+    assert ours and str(ours[-1].data).startswith(f"# {spec.name} 1 xnnpack: FAILED at export"), summaries
+    assert f"**{error}:**" in str(ours[-1].data) and type(raised.value).__name__ == error
+    assert bool(outputs) == output == (f"`child-output-{spec.name}-xnnpack`" in str(ours[-1].data))
