@@ -57,6 +57,10 @@ def _quiet_defaults(prefect_console: bool = False) -> None:
     # (what it submits, refuses and sees crash), but not theirs either.
     warnings.filterwarnings("ignore")
     logging.getLogger("torchao").setLevel(logging.CRITICAL)
+    # Prefect's event and log workers say "Still processing items: 1 items remaining..." while they send their last
+    # items as the command exits (loggers named after their classes, printed by Python's last-resort handler).
+    for service in ("EventsWorker", "APILogWorker"):
+        logging.getLogger(service).addFilter(lambda record: not record.getMessage().startswith("Still processing"))
 
 
 def _one_message(exc: PrefectExecutorchError) -> str:
