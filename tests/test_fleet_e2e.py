@@ -377,6 +377,11 @@ def test_a_killed_build_runs_again_exactly_once_and_its_matrix_completes(fleet: 
         assert len(set(names)) == 2 and all(re.search(r"-pid\d+$", name) for name in names), names
         for trial in range(3):
             _kill_and_rerun(fleet, f"crash-retry-{trial}")
+        # One line per build in the worker terminals: what it builds and how it ended.
+        said = "".join((fleet.home / f"{name}.log").read_text(errors="replace") for name in ("worker-cpu", "worker-cpu-2"))
+        assert re.search(r"picked up small-convnet crash-retry-0 xnnpack \(build-small-convnet-crash-retry-0", said)
+        assert re.search(r"finished small-convnet crash-retry-0 xnnpack \(.*\): Crashed in \d+ s", said), said[-3000:]
+        assert re.search(r"finished small-convnet crash-retry-0 xnnpack \(.*\): Completed in \d+ s", said)
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(30)

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from prefect_executorch.fleet.deploy import plan_pools, pool_template
-from prefect_executorch.fleet.placement import MatrixCell, Placement, install_command, route
+from prefect_executorch.fleet.placement import MatrixCell, Placement, describe_run, install_command, route
 from prefect_executorch.fleet.worker import TOOLCHAIN_ENV, advertised, default_worker_name, worker_toolchain
 from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, probe
 
@@ -204,3 +204,10 @@ def test_a_tensorrt_spec_needs_a_gpu_wherever_it_lands() -> None:
     cell = MatrixCell.model_validate({"target": {"kind": "tensorrt", "precision": "fp16"},
                                       "placement": {"channel": "cu134", "sm": "sm100"}})
     assert cell.label == "tensorrt@cu134-sm100" and (cell.placement.pool, cell.placement.queue) == ("gpu-cu134", "sm100")
+
+
+def test_a_worker_names_what_each_run_builds() -> None:
+    assert describe_run("build-a-1-xnnpack", {"spec": SPEC}) == f"{SPEC['name']} {SPEC['version']} xnnpack (build-a-1-xnnpack)"
+    cells = [{"target": {"kind": "xnnpack"}}, {"target": "portable"}]
+    assert describe_run("m", {"spec": SPEC, "targets": cells}).endswith("xnnpack, portable (matrix) (m)")
+    assert describe_run("promote-x", {"name": "x"}) == "promote-x"

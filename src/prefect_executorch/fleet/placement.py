@@ -151,6 +151,17 @@ def _target_kind(spec: Any) -> str | None:
     return str(target.get("kind")) if isinstance(target, Mapping) else str(target)
 
 
+def describe_run(flow_run_name: str, parameters: Mapping[str, Any]) -> str:
+    """What a run builds, for a worker's terminal: ``model version target`` (a matrix: its targets), and its name."""
+    spec = _as_mapping(parameters.get("spec"))
+    if not spec:
+        return flow_run_name
+    targets = parameters.get("targets")
+    what = (", ".join(str(_target_kind(cell)) for cell in targets) + " (matrix)"
+            if isinstance(targets, list) else _target_kind(spec))
+    return f"{spec.get('name')} {spec.get('version')} {what} ({flow_run_name})"
+
+
 def describe_worker(toolchain: Toolchain, gpu_index: int | None = None) -> str:
     """The worker side of a refusal: channel, torch, GPU and TensorRT."""
     channel = toolchain.cuda_channel or "no CUDA"

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -26,7 +27,7 @@ from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, P
 from pydantic import Field
 
 from prefect_executorch.fleet.gpus import GPU_ENV, ensure_gpu_limits
-from prefect_executorch.fleet.placement import Decision, route
+from prefect_executorch.fleet.placement import Decision, describe_run, route
 from prefect_executorch.machine.toolchain import Toolchain, probe_isolated
 from prefect_executorch.settings import WorkerSettings, read_settings
 from prefect_executorch.stopping import exit_after, exit_status, kill_descendants
@@ -178,11 +179,21 @@ class ExecutorchWorker(ProcessWorker):
         if self.gpu_index is not None:
             # The run's environment, not a setting read: CUDA's own variable and the GPU setting of the flow run.
             configuration.env.update({"CUDA_VISIBLE_DEVICES": str(self.gpu_index), GPU_ENV: str(self.gpu_index)})
+        what = describe_run(flow_run.name, flow_run.parameters or {})
+        self._logger.info("picked up %s", what)
+        started = time.monotonic()
         self.in_flight.add(flow_run.id)
         try:
             result = await super().run(flow_run, configuration, task_status)
         finally:
             self.in_flight.discard(flow_run.id)
+        took = time.monotonic() - started
+        if result.status_code == 0:  # the run's process set its final state before it exited
+            self._logger.info("finished %s: %s in %.0f s", what, (await self.client.read_flow_run(flow_run.id)).state_name,
+                              took)
+        else:  # by now the run may be retried elsewhere: its state is no longer this attempt's
+            self._logger.info("finished %s: Crashed in %.0f s (its process exited with %s)", what, took,
+                              result.status_code)
         if result.status_code != 0:
             # Prefect's runner has reported this exit as Crashed already; its base worker would report it again on
             # the status code, 2 s later, and the retry automation answers every Crashed event: by then the run was
