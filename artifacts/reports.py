@@ -36,8 +36,11 @@ def cell(value: Any, column: str = "") -> str:
 
 
 def format_row(values: dict[str, Any]) -> dict[str, str]:
-    """A table row's cells formatted, the verdict column (``result``) first: visible without scrolling."""
-    cells = {column.replace("_", " "): cell(value, column) for column, value in values.items()}
+    """A table row's cells formatted, the verdict column (``result``) first: visible without scrolling.
+
+    An empty cell stays empty: Prefect's UI renders a cell of "-" as a list bullet.
+    """
+    cells = {column.replace("_", " "): "" if value is None else cell(value, column) for column, value in values.items()}
     verdict = cells.pop("result", None)
     return {"result": verdict, **cells} if verdict is not None else cells
 

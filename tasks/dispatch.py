@@ -23,7 +23,7 @@ from prefect.runtime import flow_run as this_run
 from prefect.states import State
 
 from prefect_executorch.artifacts.registry import BundleRef
-from prefect_executorch.artifacts.reports import artifact_key
+from prefect_executorch.artifacts.reports import artifact_key, format_row
 from prefect_executorch.errors import BuildFailed
 from prefect_executorch.fleet.placement import MatrixCell
 from prefect_executorch.spec.buildspec import BuildSpec
@@ -168,8 +168,10 @@ def dispatch_build(
     if not state.is_completed():
         raise BuildFailed(f"{cell.label}: {where} ended {state.name}: {state.message}")
     ref = state.result()
-    get_run_logger().info("%s: published %s", cell.label, ref.key.prefix)
-    return BundleRef.model_validate(ref)
+    bundle = BundleRef.model_validate(ref)
+    get_run_logger().info("%s: %s %s", cell.label, "reused (cache hit)" if bundle.cache_hit else "published",
+                          bundle.key.prefix)
+    return bundle
 
 
 @task(name="summarize-matrix")
@@ -185,17 +187,19 @@ def summarize_matrix(
     refs, failures = [], []
     for label, reason in (skipped or {}).items():
         get_run_logger().warning("%s: skipped: %s", label, reason)
-        rows.append({"build": label, "state": "Skipped", "bundle": "-", "manifest sha256": "-", "why": reason})
+        rows.append(format_row({"build": label, "state": "Skipped", "why": reason, "bundle": None, "manifest": None}))
     for cell, state in zip([c for c in cells if c.label not in (skipped or {})], states, strict=True):
         if state.is_completed():
             ref = BundleRef.model_validate(state.result())
             refs.append(ref)
-            rows.append({"build": cell.label, "state": state.name, "bundle": ref.key.prefix,
-                         "manifest sha256": ref.manifest_sha256, "why": ""})
+            rows.append(format_row({"build": cell.label, "state": "Cache hit" if ref.cache_hit else "Published",
+                                    "why": None, "bundle": ref.key.prefix,
+                                    # The whole sha256 is in the bundle's own artifact; a prefix tells runs apart.
+                                    "manifest": ref.manifest_sha256[:12]}))
         else:
             failures.append(f"{cell.label}: {state.name}: {state.message}")
-            rows.append({"build": cell.label, "state": state.name, "bundle": "-", "manifest sha256": "-",
-                         "why": state.message})
+            rows.append(format_row({"build": cell.label, "state": state.name, "why": state.message, "bundle": None,
+                                    "manifest": None}))
     # Keyed per model: the artifact's history is that model's matrices.
     create_table_artifact(rows, key=artifact_key("matrix", spec.name),
                           description=f"Build matrix of {spec.name} {spec.version}")
