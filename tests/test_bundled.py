@@ -20,6 +20,7 @@ from prefect_executorch.hashing import sha256_file
 from prefect_executorch.settings import BundledSettings
 from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.validate.bundled import BUNDLED_FILE, bundled_facts, run_bundled_cases, skip_reason
+from prefect_executorch.validate.cpp_consumer import run_cpp_consumer
 from prefect_executorch.validate.report import ValidationReport
 
 from helpers import spec_data
@@ -136,3 +137,27 @@ def test_verify_refuses_a_bundle_without_cases(built: tuple[Path, Manifest], tmp
     with pytest.raises(ValidationFailed, match="has no model.bpte to run .*published before"):
         run_bundled_cases(tmp_path, manifest.target, manifest.data_files, None)
     assert (root / "store" / manifest.key.prefix / MANIFEST_FILE).exists()
+
+
+def test_the_cpp_consumer_runs_the_bundles_cases_as_a_cpp_service_would(built: tuple[Path, Manifest],
+                                                                         tmp_path: Path) -> None:
+    """``verify --cpp``: ExecuTorch's Module from the wheel's own libraries (CMake's find_package), both methods, a
+    dynamic batch, with and without a .ptd; a bundle it cannot load or whose numbers differ fails with one line."""
+    root, manifest = built
+    bundle = root / "store" / manifest.key.prefix
+    done = _cli("verify", "--cpp", str(bundle), cwd=root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all 5 bundled cases pass through ExecuTorch's C++ runtime" in done.stdout
+    assert [line.split(" ", 2)[:2] for line in done.stdout.splitlines() if line.startswith("ok ")] == [
+        ["ok", "forward"]] * 4 + [["ok", "encode"]]
+    assert done.stderr == ""
+    assert manifest.bundled is not None
+    tighter = {name: method.model_copy(update={"atol": 0.0, "rtol": 0.0})
+               for name, method in manifest.bundled.methods.items()}
+    exact = manifest.model_copy(update={"bundled": manifest.bundled.model_copy(update={"methods": tighter})})
+    with pytest.raises(ValidationFailed, match=r"a case did not match its expected outputs: MISMATCH forward min\[0\]: "
+                                               r"max abs error [0-9.e-]+: output 0: beyond atol=0"):
+        run_cpp_consumer(bundle, exact)
+    if manifest.data_files:  # the weights left out: ExecuTorch 1.5.1's runtime dies loading the method (seen here)
+        with pytest.raises(ValidationFailed, match=r"the consumer was killed by SIGSEGV; a C\+\+ service linking"):
+            run_cpp_consumer(bundle, manifest.model_copy(update={"data_files": []}))

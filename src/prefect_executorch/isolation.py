@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "triage": "prefect_executorch.validate.triage:triage_in_child",
     "verify-generation": "prefect_executorch.validate.llm_runner:verify_generation_in_child",
     "generate": "prefect_executorch.validate.llm_runner:generate_in_child",
+    "write-cpp-cases": "prefect_executorch.validate.cpp_consumer:write_cases_in_child",
 }
 #: What the forkserver imports once, so that children do not (missing ones are skipped). Never the
 #: ExecuTorch runtime: the TensorRT delegate package must swap in its own before the stock one loads.
@@ -187,7 +188,7 @@ def _tail(path: Path) -> str:
     return data[-STDERR_TAIL_CHARS:].decode(errors="replace").strip()
 
 
-def _describe_exit(returncode: int) -> str:
+def describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -258,7 +259,7 @@ def run_isolated(
             if returncode == -signal.SIGKILL and memory_limit:
                 hint = f" (possibly over its memory limit: {memory_limit.describe()})"
             raise errors.ChildProcessFailed(
-                f"{what} child process {_describe_exit(returncode)}{hint}",
+                f"{what} child process {describe_exit(returncode)}{hint}",
                 returncode=returncode,
                 child_output=stderr_tail,
             )

@@ -496,11 +496,28 @@ def inspect(
 
 @app.command()
 @handle_errors
-def verify(bundle_dir: Path = typer.Argument(..., metavar="BUNDLE_DIR", help="A bundle directory (with manifest.json and its test cases).")) -> None:
+def verify(
+    bundle_dir: Path = typer.Argument(..., metavar="BUNDLE_DIR", help="A bundle directory (with manifest.json and its test cases)."),
+    cpp: bool = typer.Option(False, "--cpp", help="Run the cases through ExecuTorch's C++ runtime (a consumer built "
+                             "against the installed wheel with CMake, as a C++ service links it) instead of Python's."),
+) -> None:
     """Check every file against the manifest, then run the bundle's own test cases on this machine."""
     from prefect_executorch.artifacts.registry import verify_bundle_dir
 
-    console.print(f"[bold green]{_run_own_cases(bundle_dir, verify_bundle_dir(bundle_dir))}[/]")
+    manifest = verify_bundle_dir(bundle_dir)
+    if not cpp:
+        console.print(f"[bold green]{_run_own_cases(bundle_dir, manifest)}[/]")
+        return
+    from prefect_executorch.validate.cpp_consumer import run_cpp_consumer
+
+    if any(entry.role == "generation" for entry in manifest.files):
+        raise NotABundle(f"{bundle_dir} is a decoder-LM bundle: its C++ check needs ExecuTorch's LLM runner library, "
+                         "which the ExecuTorch wheel does not ship; verify it without --cpp (the runner's Python "
+                         "binding runs the same C++ runner)")
+    check = run_cpp_consumer(bundle_dir, manifest)
+    for line in check.lines[:-1]:
+        console.print(escape(line), highlight=False)
+    console.print(f"[bold green]all {check.cases} bundled cases pass through ExecuTorch's C++ runtime[/]")
 
 
 def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = None, shown_as: Path | None = None) -> str:

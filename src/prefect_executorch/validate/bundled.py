@@ -162,7 +162,7 @@ def write_bundled(program: Path, cases: Cases, out: Path) -> None:
     tmp.rename(out)
 
 
-def _bundled_tensors(values: list[Any]) -> list[torch.Tensor]:
+def bundled_tensors(values: list[Any]) -> list[torch.Tensor]:
     """The tensors of a case's inputs or expected outputs, as the ``.bpte`` schema holds them."""
     import torch
     from executorch.devtools.bundled_program.schema import Tensor
@@ -188,8 +188,8 @@ def _check_case(module: Any, suites: dict[str, Any], name: str, index: int, meth
     import torch
 
     case = suites[name].test_cases[index]
-    outputs = module.run_method(name, _bundled_tensors(case.inputs))
-    expected = _bundled_tensors(case.expected_outputs)
+    outputs = module.run_method(name, bundled_tensors(case.inputs))
+    expected = bundled_tensors(case.expected_outputs)
     if len(outputs) != len(expected):
         raise ValidationFailed(f"{len(outputs)} outputs, {len(expected)} expected")
     for position, (got, want) in enumerate(zip(outputs, expected, strict=False)):
