@@ -19,6 +19,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -392,6 +393,14 @@ class QuantizationSpec(StrictModel):
             raise ValueError(f"calibration applies to {', '.join(CALIBRATED_SCHEMES)} only ({self.scheme!r} needs none); "
                              "remove it")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_float_embeddings(self, handler: Any) -> Any:
+        # Quantized specs keep the hash and cache key they had before `embeddings` existed.
+        data = handler(self)
+        if isinstance(data, dict) and data.get("embeddings") is None:
+            data.pop("embeddings", None)
+        return data
 
     @property
     def effective_group_size(self) -> int:
