@@ -56,6 +56,7 @@ from prefect_executorch.validate.report import ValidationReport
 
 if TYPE_CHECKING:
     from prefect_executorch.settings import SigningSettings
+    from prefect_executorch.targets.base import Target
 
 logger = logging.getLogger(__name__)
 
@@ -318,6 +319,12 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
     return manifest
 
 
+def _runtime_hints(target: Target, spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir) -> dict[str, Any]:
+    hints = target.runtime_hints(spec, toolchain)
+    libraries = target.cpp_libraries(list(export.methods.values()))
+    return hints if libraries is None else {**hints, "cpp_libraries": libraries}
+
+
 def prepare_bundle(
     spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir, report: ValidationReport,
     build_inputs: BuildFingerprint | None = None, lineage: Lineage | None = None, compat: str | None = None,
@@ -344,7 +351,7 @@ def prepare_bundle(
         methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods, export.delegation),
         toolchain=toolchain.versions(),
         platform=platform_facts(toolchain),
-        runtime_hints=target.runtime_hints(spec, toolchain),
+        runtime_hints=_runtime_hints(target, spec, toolchain, export),
         notes=export.warnings,
         spec_sha256=spec.sha256(),
         weights_sha256=export.weights_sha256,

@@ -151,6 +151,7 @@ def test_the_cpp_consumer_runs_the_bundles_cases_as_a_cpp_service_would(built: t
     assert [line.split(" ", 2)[:2] for line in done.stdout.splitlines() if line.startswith("ok ")] == [
         ["ok", "forward"]] * 4 + [["ok", "encode"]]
     assert done.stderr == ""
+    assert manifest.runtime_hints["cpp_libraries"] == ["libexecutorch", "libexecutorch_backend_xnnpack"]
     assert manifest.bundled is not None
     tighter = {name: method.model_copy(update={"atol": 0.0, "rtol": 0.0})
                for name, method in manifest.bundled.methods.items()}

@@ -17,6 +17,7 @@ from prefect_executorch.export.exporter import ExportedProgramDir, export_progra
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
 from prefect_executorch.spec.causal_lm import load_causal_lm
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
+from prefect_executorch.targets import get_target
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.validate.llm_runner import generate
 from prefect_executorch.validate.validator import require_passed, validate_program
@@ -184,6 +185,9 @@ def test_a_quantized_build_passes_its_gates_at_a_fraction_of_the_size_and_tighte
     assert generation is not None and not generation.exact and report.quantization is not None
     assert report.quantization.scheme == "int8da4w" and report.quantization.quantized_linears
     assert report.quantization.embeddings == "int4"
+    # What a C++ consumer must link, read from the program: its quantized embedding kernel is no XNNPACK op.
+    assert get_target("xnnpack").cpp_libraries(list(export.methods.values())) == [
+        "libexecutorch", "libexecutorch_backend_xnnpack", "libexecutorch_kernels_quantized"]
     agreement, ratio = generation.top1_agreement(), generation.perplexity_ratio()
     assert agreement is not None and agreement >= 0.9 and ratio is not None and 1 / 1.2 <= ratio <= 1.2
     assert [gate.gate for gate in report.gates] == ["min_top1_agreement", "max_perplexity_ratio"]

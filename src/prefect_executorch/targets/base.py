@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from prefect_executorch.machine.toolchain import Toolchain
+    from prefect_executorch.program import MethodFacts
     from prefect_executorch.spec.buildspec import BuildSpec
 
 #: Name of the program file in every bundle.
@@ -97,3 +98,7 @@ class Target(ABC):
     def runtime_hints(self, spec: BuildSpec, toolchain: Toolchain | None = None) -> dict[str, Any]:
         """What a consumer of the bundle must know to run it (recorded in the manifest)."""
         return {"input_device": "cpu"}
+
+    def cpp_libraries(self, methods: list[MethodFacts]) -> list[str] | None:
+        """The ExecuTorch libraries a C++ consumer links to run ``methods`` (None: not known for this target)."""
+        return None

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from prefect_executorch.machine.toolchain import Toolchain
+    from prefect_executorch.program import MethodFacts
     from prefect_executorch.spec.buildspec import BuildSpec
 
 
@@ -45,6 +46,18 @@ class CpuTarget(Target):
 
     def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
         return cpu_compat(self.name, toolchain.arch, quantization=compat_tag(spec.quantization))
+
+    def cpp_libraries(self, methods: list[MethodFacts]) -> list[str] | None:
+        """From the program itself: the runtime with its portable kernels, the XNNPACK backend if a method delegates
+        to it, the quantized kernels if a method calls one (what the C++ consumer links: docs/cpp-consumer.md)."""
+        delegates = {backend for method in methods for backend in method.delegates}
+        operators = {operator for method in methods for operator in method.operators}
+        needed = ["libexecutorch"]
+        if "XnnpackBackend" in delegates:
+            needed.append("libexecutorch_backend_xnnpack")
+        if any(operator.startswith("quantized_decomposed::") for operator in operators):
+            needed.append("libexecutorch_kernels_quantized")
+        return needed
 
     def runtime_operators(self) -> set[str] | None:
         from prefect_executorch.machine.runtimes import runtime_extension
