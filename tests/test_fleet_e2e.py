@@ -401,14 +401,16 @@ def _worker_names(fleet: Fleet, pool: str, count: int, timeout: float = 120) -> 
 
 
 def _running_task(fleet: Fleet, flow_run_id: Any, timeout: float = 120) -> Any:
-    """The id of a task run of ``flow_run_id`` once one is Running."""
+    """The id of the build's ``build-and-publish`` task run once it runs (export, validation and publish: seconds,
+    so a kill right after lands inside it; a short task, such as check-published, may end first)."""
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     deadline = time.monotonic() + timeout
     with _client(fleet) as client:
         while True:
             runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-            running = [run for run in runs if run.state and run.state.is_running()]
+            running = [run for run in runs if run.state and run.state.is_running()
+                       and run.name.startswith("build-and-publish")]
             if running:
                 return running[0].id
             assert time.monotonic() < deadline, f"no task run of {flow_run_id} ran: {[r.state_name for r in runs]}"
