@@ -29,6 +29,8 @@ NUMBER = re.compile(r"-?(?:\d+\.?\d*|nan|inf)", re.IGNORECASE)
 #: Benchmarks whose ratio is a slope (scaling: marginal seconds per MB against a bound): at smoke sizes, build-time
 #: noise can make it zero or negative (CI saw -0.792 at 1-5 MB and -0.410 at 1-40 MB beside a CPU burner).
 SLOPES = {"scaling"}
+#: How far a result file's mtime may fall before the run's start and still be the run's (s).
+MTIME_SLACK_S = 1.0
 
 
 def judge_smoke_run(result: subprocess.CompletedProcess[str], name: str, started: float,
@@ -48,7 +50,9 @@ def judge_smoke_run(result: subprocess.CompletedProcess[str], name: str, started
         problems.append(f"{match['verdict']} with exit {result.returncode}")
     saved = results / f"{name}.json"
     payload = json.loads(saved.read_text()) if saved.is_file() else {}
-    if not payload or saved.stat().st_mtime < started:
+    # A file's mtime comes from the kernel's coarse clock, up to a tick behind time.time(): a file written right
+    # after ``started`` (the judge's own test) could look older than the run. An earlier run's file is minutes old.
+    if not payload or saved.stat().st_mtime < started - MTIME_SLACK_S:
         return [*problems, f"{saved} was not written by this run"]
     if f"{payload['ratio']:.3f}" != match["ratio"] or payload["passed"] != (match["verdict"] == "PASS"):
         problems.append(f"{saved} says ratio {payload['ratio']} passed={payload['passed']}, the RESULT line {lines[-1]}")
