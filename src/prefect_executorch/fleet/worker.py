@@ -188,18 +188,22 @@ class ExecutorchWorker(ProcessWorker):
         finally:
             self.in_flight.discard(flow_run.id)
         took = time.monotonic() - started
-        if result.status_code == 0:  # the run's process set its final state before it exited
-            self._logger.info("finished %s: %s in %.0f s", what, (await self.client.read_flow_run(flow_run.id)).state_name,
-                              took)
-        else:  # by now the run may be retried elsewhere: its state is no longer this attempt's
-            self._logger.info("finished %s: Crashed in %.0f s (its process exited with %s)", what, took,
-                              result.status_code)
         if result.status_code != 0:
             # Prefect's runner has reported this exit as Crashed already; its base worker would report it again on
             # the status code, 2 s later, and the retry automation answers every Crashed event: by then the run was
             # scheduled again, so one crash was retried twice and one build ran on two workers at once.
             self.crash_reported.add(flow_run.id)
-            await self._crash_task_runs_of(flow_run)
+        # What follows is the terminal's line and tidying up: an API error here must not fail the run's submission.
+        try:
+            if result.status_code == 0:  # the run's process set its final state before it exited
+                ended = (await self.client.read_flow_run(flow_run.id)).state_name
+                self._logger.info("finished %s: %s in %.0f s", what, ended, took)
+            else:  # by now the run may be retried elsewhere: its state is no longer this attempt's
+                self._logger.info("finished %s: Crashed in %.0f s (its process exited with %s)", what, took,
+                                  result.status_code)
+                await self._crash_task_runs_of(flow_run)
+        except Exception as exc:  # noqa: BLE001 - httpx and Prefect raise many types
+            self._logger.warning("finished %s in %.0f s; could not read or tidy its run: %s", what, took, exc)
         return result
 
     async def _propose_crashed_state(self, flow_run: FlowRun, message: str, client: Any = None) -> None:
