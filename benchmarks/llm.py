@@ -11,6 +11,10 @@ Each figure is the median over ``--rounds`` rounds, with min and max.
 
 The last line is ``RESULT llm ratio=<worst of (size ratio / 0.3) and (2 / decode speed-up)> goal=<=1``: the
 int8da4w program at most 0.3x the float32 program's size, and decoding at least 2x as fast as eager float32.
+
+``--target cuda`` (a GPU worker with the CUDA stack) builds the bf16 program for ExecuTorch's CUDA backend and times
+it, one token per call through the runtime that has CudaBackend (which ships no LLM runner), beside eager bf16
+``generate`` on the same GPU; its last line is ``RESULT llm_cuda ratio=<eager decode / program decode> goal=<=1``.
 """
 
 from __future__ import annotations
@@ -35,43 +39,52 @@ PROMPT = "the quick brown fox jumps over the lazy dog. prefect runs flows of tas
 SIZE_GOAL, DECODE_GOAL = 0.3, 2.0
 
 
-def eager_side(model_dir: Path) -> Any:
-    """Greedy ``generate`` of the model in float32 with a static cache: (seconds, tokens) for ``tokens`` new tokens."""
+def eager_side(model_dir: Path, device: str = "cpu", dtype: str = "float32") -> Any:
+    """Greedy ``generate`` of the model in ``dtype`` on ``device`` with a static cache: (seconds, tokens) for ``tokens``
+    new tokens."""
     import torch
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
-    ids = torch.tensor([Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(PROMPT).ids])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=getattr(torch, dtype))
+    model = model.to(device).eval()
+    ids = torch.tensor([Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(PROMPT).ids], device=device)
 
     def timed(tokens: int) -> tuple[float, int]:
         started = time.perf_counter()
         with torch.no_grad():
             model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
                            cache_implementation="static", disable_compile=True, pad_token_id=1)
+        if device == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - started, tokens
 
     return timed
 
 
-def runner_side(bundle: Path) -> Any:
-    """Greedy generation through ExecuTorch's ``TextLLMRunner``: (seconds, tokens generated) for ``tokens`` new tokens
-    (fewer if it generates the end-of-sequence token: the runner stops there)."""
-    from executorch.extension.llm.runner import GenerationConfig
+def program_side(bundle: Path, target: str) -> Any:
+    """Greedy generation by what runs the program on ``target`` (ExecuTorch's ``TextLLMRunner`` on CPU; on CUDA,
+    whose runtime wheel has no LLM runner, the program one token per call): (seconds, tokens generated) for
+    ``tokens`` new tokens (fewer at an end-of-sequence token: generation stops there)."""
+    from prefect_executorch.validate.generation import open_generator
 
-    from prefect_executorch.validate.generation import load_runner
-
-    runner = load_runner(bundle / "model.pte", bundle / "tokenizer.json")
+    generator = open_generator(bundle / "model.pte", bundle / "tokenizer.json", target,
+                               next(iter(sorted(bundle.glob("*.ptd"))), None))
 
     def timed(tokens: int) -> tuple[float, int]:
-        pieces: list[str] = []
-        runner.reset()
         started = time.perf_counter()
-        runner.generate(PROMPT, GenerationConfig(echo=False, max_new_tokens=tokens, temperature=0.0),
-                        token_callback=pieces.append)
+        pieces, _ = generator.greedy(PROMPT, tokens)
         return time.perf_counter() - started, len(pieces)
 
     return timed
+
+
+#: What each ``--target`` builds (name -> spec fields) and times beside eager (device, dtype).
+VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    "xnnpack": {"float32": {}, "int8da4w": {"quantization": {"scheme": "int8da4w"}}},
+    "cuda": {"bf16": {"target": {"kind": "cuda", "precision": "bf16"}}},
+}
+EAGER = {"xnnpack": ("cpu", "float32"), "cuda": ("cuda", "bfloat16")}
 
 
 def main() -> int:
@@ -79,6 +92,9 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="2 layers of 64: the small size CI runs.")
     parser.add_argument("--rounds", type=int, default=5, help="Interleaved timing rounds (at least 3).")
     parser.add_argument("--new-tokens", type=int, default=64, help="Tokens each decode generates.")
+    parser.add_argument("--target", choices=sorted(VARIANTS), default="xnnpack",
+                        help="xnnpack: float32 and int8da4w programs beside eager float32 on the CPU; cuda: the bf16 "
+                        "program beside eager bf16 on the GPU.")
     args = parser.parse_args()
     if args.rounds < 3:
         parser.error("--rounds must be at least 3 (medians of 3 or more runs are compared)")
@@ -93,32 +109,38 @@ def main() -> int:
     seq_len = args.new_tokens + 64
     bundles: dict[str, Path] = {}
     build_s: dict[str, float] = {}
-    for name, quantization in (("float32", None), ("int8da4w", {"scheme": "int8da4w"})):
+    for name, fields in VARIANTS[args.target].items():
         spec = parse_spec({"name": "bench-llm", "version": name, "model": str(model_dir),
-                           "llm": {"max_seq_len": seq_len, "new_tokens": 8},
-                           **({"quantization": quantization} if quantization else {})})
+                           "llm": {"max_seq_len": seq_len, "new_tokens": 8}, **fields})
         started = time.perf_counter()
         bundles[name] = export_program(spec, work / "out").path
         build_s[name] = round(time.perf_counter() - started, 1)
-    sides = {"eager_float32": eager_side(model_dir),
-             **{f"program_{name}": runner_side(path) for name, path in bundles.items()}}
+    device, dtype = EAGER[args.target]
+    eager = f"eager_{dtype}"
+    sides = {eager: eager_side(model_dir, device, dtype),
+             **{f"program_{name}": program_side(path, args.target) for name, path in bundles.items()}}
     for timed in sides.values():
         timed(2)  # the first call loads and initialises: not timed
     rounds = interleaved({name: lambda _, timed=timed: (timed(1), timed(args.new_tokens)) for name, timed in sides.items()},
                          args.rounds)
-    figures: dict[str, Any] = {"model": size, "new_tokens": args.new_tokens, "build_s": build_s}
+    figures: dict[str, Any] = {"model": size, "new_tokens": args.new_tokens, "build_s": build_s, "target": args.target}
     decode: dict[str, float] = {}
     for name, times in rounds.items():
         first = [one for (one, _), _ in times]
         rates = [(count - 1) / (whole - one) for (one, _), (whole, count) in times if whole > one and count > 1]
         decode[name] = statistics.median(rates) if rates else float("nan")
         figures[name] = {"first_token": spread(first, digits=4), "decode_tokens_per_s": spread(rates, digits=1, unit="tps")}
+    if args.target == "cuda":
+        speedup = decode["program_bf16"] / decode[eager]
+        figures.update(decode_bf16_program_vs_eager_bf16=round(speedup, 3),
+                       goals={"decode": "the bf16 program >= eager bf16 generate"})
+        return 0 if report("llm_cuda", 1 / speedup, "<=1", figures) else 1
     sizes = {name: (path / "model.pte").stat().st_size for name, path in bundles.items()}
     size_ratio = sizes["int8da4w"] / sizes["float32"]
-    speedup = decode["program_int8da4w"] / decode["eager_float32"]
+    speedup = decode["program_int8da4w"] / decode[eager]
     figures.update(program_bytes=sizes, size_int8da4w_vs_float32=round(size_ratio, 4),
                    decode_int8da4w_vs_eager_float32=round(speedup, 3),
-                   decode_float32_program_vs_eager_float32=round(decode["program_float32"] / decode["eager_float32"], 3),
+                   decode_float32_program_vs_eager_float32=round(decode["program_float32"] / decode[eager], 3),
                    goals={"size": f"int8da4w <= {SIZE_GOAL}x float32", "decode": f"int8da4w >= {DECODE_GOAL}x eager float32"})
     ratio = max(size_ratio / SIZE_GOAL, DECODE_GOAL / speedup)
     return 0 if report("llm", ratio, "<=1", figures) else 1

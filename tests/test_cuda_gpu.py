@@ -217,22 +217,28 @@ def _key_pair(directory: Path) -> tuple[Path, Path]:
     return private, public
 
 
+def _cli_in(work: Path) -> Callable[..., str]:
+    """The CLI run in ``work`` with a store and a signing key there: its output, one line, after a zero exit."""
+    private, public = _key_pair(work)
+    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(work / "store"),
+           "PREFECT_EXECUTORCH_SIGNING_KEY": str(private), "PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY": str(public)}
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=work, env=env, timeout=900)
+        print(f"$ prefect-executorch {' '.join(args)}\n{done.stdout}{done.stderr}")
+        assert done.returncode == 0, done.stdout + done.stderr
+        return " ".join((done.stdout + done.stderr).split())
+
+    return cli
+
+
 def test_the_demo_spec_builds_signs_verifies_and_promotes_side_by_side_through_the_cli(
         gpu: Toolchain, tmp_path: Path) -> None:
     demo = yaml.safe_load((ROOT / "examples" / "convnet" / "spec.yaml").read_text())
     shutil.copy(ROOT / "examples" / "convnet" / "model.py", tmp_path / "model.py")
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump({**demo, "target": "cuda"}))
     (tmp_path / "next.yaml").write_text(yaml.safe_dump({**demo, "version": "1.0.1", "target": "cuda"}))
-    private, public = _key_pair(tmp_path)
-    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"),
-           "PREFECT_EXECUTORCH_SIGNING_KEY": str(private), "PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY": str(public)}
-
-    def cli(*args: str) -> str:
-        done = subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900)
-        print(f"$ prefect-executorch {' '.join(args)}\n{done.stdout}{done.stderr}")
-        assert done.returncode == 0, done.stdout + done.stderr
-        return " ".join((done.stdout + done.stderr).split())
-
+    cli = _cli_in(tmp_path)
     compat = f"{gpu.cuda_channel}-{gpu.sm}-cuda-{gpu.arch}"
     built = cli("build", "spec.yaml")
     assert f"small-convnet/1.0.0/cuda/{compat}" in built
@@ -251,6 +257,33 @@ def test_the_demo_spec_builds_signs_verifies_and_promotes_side_by_side_through_t
     # GPU latencies move by more than the default 10% between runs; the outputs must still agree.
     promoted = cli("promote", "small-convnet", "1.0.1", "--alias", "staging", "--max-latency-regression", "1.0")
     assert "1.0.1" in promoted
+
+
+def test_a_bf16_decoder_lm_builds_passes_its_gates_and_generates_through_the_cli(gpu: Toolchain, tmp_path: Path) -> None:
+    """A trained tiny Llama directory built for target cuda in bf16: the static KV cache is the program's state,
+    attention the backend's Triton kernel; the runtime wheel with CudaBackend has no LLM runner, so the program is
+    judged one token per call against fp32 eager by the bf16 gates, then pulled, verified and run by `generate`."""
+    from prefect_executorch.testing.tiny_llm import write_tiny_llm
+
+    model_dir = write_tiny_llm(tmp_path / "llama", "llama", train_steps=200)
+    prompts = ["the quick brown", "prefect runs", "1, 2, 3,"]
+    (tmp_path / "llm.yaml").write_text(yaml.safe_dump({
+        "name": "tiny-llama", "version": "1", "model": str(model_dir), "target": {"kind": "cuda", "precision": "bf16"},
+        "llm": {"max_seq_len": 40, "new_tokens": 12, "prompts": prompts}}))
+    cli = _cli_in(tmp_path)
+    built = cli("build", "llm.yaml")
+    assert "validation through ExecuTorch's runtime, one token per call" in built and "teacher-forced top-1" in built
+    bundle = tmp_path / "store" / "tiny-llama" / "1" / "cuda" / f"{gpu.cuda_channel}-{gpu.sm}-cuda-{gpu.arch}"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["data_files"] == [DATA_FILE] and manifest["validation"]["passed"]
+    assert manifest["methods"]["forward"]["delegates"] == ["CudaBackend"]
+    assert manifest["validation"]["generated_by"].startswith("ExecuTorch's runtime, one token per call")
+    pulled = cli("pull", "tiny-llama", "--version", "1", "--to", "pulled", "--verify")
+    assert "all 3 prompts generate" in pulled
+    cases = json.loads((tmp_path / "pulled" / "generation_cases.json").read_text())
+    generated = cli("generate", "./pulled", prompts[0], "--new-tokens", "12")
+    assert generated.startswith(" ".join((prompts[0] + "".join(cases["expected"][0])).split()))
+    assert "tokens by ExecuTorch's runtime, one token per call" in generated and "decode" in generated
 
 
 def test_the_runtime_setup_lets_the_cuda_pool_keep_its_memory(gpu: Toolchain) -> None:

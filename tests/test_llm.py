@@ -61,7 +61,9 @@ def test_an_llm_spec_names_a_model_directory_and_takes_defaults(tmp_path: Path) 
 @pytest.mark.parametrize(("extra", "message"), [
     ({"methods": {"forward": {"inputs": [{"name": "x", "shape": [1]}]}}}, "methods: not for an `llm:` spec"),
     ({"quantization": {"scheme": "int8-static"}}, "an `llm:` spec is quantized with int8da4w (linear layers"),
-    ({"target": "cuda"}, "target: an `llm:` spec builds for xnnpack or portable, not 'cuda'"),
+    ({"target": "tensorrt"}, "target: an `llm:` spec builds for xnnpack, portable, cuda, not 'tensorrt'"),
+    ({"target": {"kind": "cuda", "precision": "bf16"}, "quantization": {"scheme": "int8da4w"}},
+     "quantization: an `llm:` spec on target cuda is built in target.precision"),
     ({"model": "models.py:make"}, "with `llm`, model is the path of a Hugging Face model directory"),
     ({"llm": {"new_tokens": 200}}, "new_tokens (200) must be below max_seq_len (128)"),
     ({"llm": {"prompts": ["  "]}}, "prompts[0] is empty"),
@@ -222,7 +224,7 @@ def built_llama(models: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert "get_max_seq_len" not in built.stdout  # the runner's metadata methods are not the user's methods
     pulled = _cli("pull", "tiny-llama", "--version", "1", "--to", "pulled", "--verify", cwd=work)
     assert pulled.returncode == 0, pulled.stderr[-3000:]
-    assert "all 3 prompts generate eager's tokens through the LLM runner on this machine" in pulled.stdout
+    assert "all 3 prompts generate eager's tokens through ExecuTorch's LLM runner on this machine" in pulled.stdout
     return work
 
 
@@ -244,10 +246,26 @@ def test_a_user_builds_verifies_and_generates_with_a_llama_directory(built_llama
     assert tensor_bundle.returncode == 2 and "has no manifest.json" in tensor_bundle.stderr, tensor_bundle.stderr
 
 
+def test_the_token_by_token_path_generates_what_the_llm_runner_does(built_llama: Path) -> None:
+    """What drives a decoder LM where the runtime has no LLM runner (CUDA's): the program's forward once per token,
+    greedy, stopping at the program's own end-of-sequence ids; on CPU it must make the runner's very tokens."""
+    from prefect_executorch.validate.generation import LlmRunner, TokenByToken
+    from prefect_executorch.validate.runtime import LoadedProgram
+
+    bundle = built_llama / "pulled"
+    by_token = TokenByToken(LoadedProgram(bundle / "model.pte"), bundle / TOKENIZER_FILE)
+    runner = LlmRunner(bundle / "model.pte", bundle / TOKENIZER_FILE)
+    assert by_token.eos == {1}  # the program's get_eos_ids: the tiny model's eos_token_id
+    for prompt in ("the quick brown", "prefect runs", "1, 2, 3,"):
+        pieces, stats = by_token.greedy(prompt, 12)
+        assert pieces and pieces == runner.greedy(prompt, 12)[0]
+        assert stats.decode_tokens_per_s and stats.prefill_tokens_per_s and stats.time_to_first_token_ms
+
+
 def test_generate_hands_over_the_text_as_the_child_makes_it(built_llama: Path) -> None:
     """``generate``'s text reaches its caller through ``on_text`` as the runner makes it, whole and in order."""
     chunks: list[str] = []
-    generated = generate(built_llama / "pulled", "prefect runs", 24, on_text=chunks.append, start="spawn")
+    generated = generate(built_llama / "pulled", "xnnpack", [], "prefect runs", 24, on_text=chunks.append, start="spawn")
     assert generated.pieces and "".join(chunks) == "".join(generated.pieces)
 
 

@@ -333,7 +333,7 @@ def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
         error = f"; worst max abs error {worst[method]:.3g}" if method in worst else ""
         console.print(f"  {method}: delegates {count_names(delegates)}{share}{error}")
     if manifest.validation.generation_agreement is not None:
-        console.print(f"validation through ExecuTorch's LLM runner: {escape(manifest.validation.worst or '-')}")
+        console.print(f"validation through {_generated_by(manifest)}: {escape(manifest.validation.worst or '-')}")
     else:
         console.print(f"validation: {manifest.validation.cases} cases passed; worst: "
                       f"{escape(manifest.validation.worst or '-')}")
@@ -489,7 +489,7 @@ def inspect(
         console.print(f"  {name}: delegates {count_names(method.delegates)}{share}; "
                       f"{method.kernel_calls} portable kernel calls")
     verdict = "passed" if manifest.validation.passed else "[red]FAILED[/]"
-    cases = "prompts through ExecuTorch's LLM runner" if manifest.validation.generation_agreement is not None else "cases"
+    cases = f"prompts through {_generated_by(manifest)}" if manifest.validation.generation_agreement is not None else "cases"
     console.print(f"validation {verdict}: {manifest.validation.cases} {cases}; worst: "
                   f"{escape(manifest.validation.worst or '-')}")
 
@@ -520,6 +520,11 @@ def verify(
     console.print(f"[bold green]all {check.cases} bundled cases pass through ExecuTorch's C++ runtime[/]")
 
 
+def _generated_by(manifest: Any) -> str:
+    """What ran a decoder-LM bundle's program at validation (bundles made before it was recorded: the LLM runner)."""
+    return manifest.validation.generated_by or "ExecuTorch's LLM runner"
+
+
 def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = None, shown_as: Path | None = None) -> str:
     """Run a bundle's own test cases here: a decoder LM's prompts through the LLM runner, else its ``.bpte``.
 
@@ -528,8 +533,9 @@ def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = N
     if any(entry.role == "generation" for entry in manifest.files):
         from prefect_executorch.validate.llm_runner import run_generation_cases
 
-        report = run_generation_cases(bundle_dir, scratch_dir=scratch_dir, shown_as=shown_as, start="spawn")
-        return f"all {len(report.cases)} prompts generate eager's tokens through the LLM runner on this machine"
+        report = run_generation_cases(bundle_dir, manifest.target, manifest.data_files, scratch_dir=scratch_dir,
+                                      shown_as=shown_as, start="spawn")
+        return f"all {len(report.cases)} prompts generate eager's tokens through {report.generated_by} on this machine"
     from prefect_executorch.validate.bundled import run_bundled_cases
 
     check = run_bundled_cases(bundle_dir, manifest.target, manifest.data_files, manifest.bundled,
@@ -687,13 +693,14 @@ def generate(
             console.print(escape(text), end="", highlight=False)
             console.file.flush()
 
-        generated = run_generate(folder, prompt, new_tokens, on_text=show, start="spawn")
+        generated = run_generate(folder, manifest.target, manifest.data_files, prompt, new_tokens, on_text=show,
+                                 start="spawn")
     console.print()
     stats = generated.stats
     speeds = [f"{label} {value:,.0f}{unit}" for label, value, unit in (
         ("prefill", stats.prefill_tokens_per_s, " tokens/s"), ("decode", stats.decode_tokens_per_s, " tokens/s"),
         ("first token", stats.time_to_first_token_ms, " ms")) if value is not None]
-    err_console.print(f"{len(generated.pieces)} tokens by ExecuTorch's LLM runner; " + ", ".join(speeds), highlight=False)
+    err_console.print(f"{len(generated.pieces)} tokens by {generated.generated_by}; " + ", ".join(speeds), highlight=False)
 
 
 @app.command("ls")

@@ -19,7 +19,6 @@ from prefect_executorch.spec.causal_lm import (
 )
 from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.targets.base import Lowered, Target
-from prefect_executorch.targets.cpu import CpuTarget
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -52,15 +51,16 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
     from transformers import GenerationConfig
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
-    assert spec.llm is not None and isinstance(target, CpuTarget)  # the spec refuses other targets (LLM_TARGETS)
+    assert spec.llm is not None
     tokenizer = load_tokenizer(spec)
     loaded = load_causal_lm(spec)
     check_vocabulary(loaded, tokenizer)
     check_prompt_lengths(spec, tokenizer)
     metadata = runner_metadata(spec, loaded)
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
-    # torchao's int8da4w linears, as ExecuTorch's LLM recipes quantize them; a float build: the model itself.
-    model: Any = quantize_model(loaded, spec)
+    # torchao's int8da4w linears, as ExecuTorch's LLM recipes quantize them; a float build: the model itself,
+    # on the target's device in its compute type.
+    model: Any = target.llm_module(quantize_model(loaded, spec), spec)
     length = spec.llm.max_seq_len
     # What transformers' wrapper exports: a static cache of max_seq_len positions (a hybrid one for sliding windows).
     model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static", max_length=length,
@@ -68,8 +68,8 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
     with torch.no_grad():
         try:
             exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=length)
-            program = exportable.export(input_ids=torch.zeros((1, 1), dtype=torch.long),
-                                        cache_position=torch.zeros(1, dtype=torch.long))
+            program = exportable.export(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model.device),
+                                        cache_position=torch.zeros(1, dtype=torch.long, device=model.device))
         except Exception as exc:  # transformers and torch.export raise many types
             raise ExportFailed(f"stage torch.export: the {model.config.model_type} model in {spec.model} does not "
                                f"export with a static KV cache of {length} positions: {summary(exc)}") from exc

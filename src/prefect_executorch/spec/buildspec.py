@@ -30,7 +30,7 @@ from prefect_executorch.spec.modelref import ModelRef, check_factory
 from prefect_executorch.spec.options import OPTIONS, TargetSpec, XnnpackOptions
 
 #: The targets an `llm:` spec builds for (the runner's program with a static KV cache).
-LLM_TARGETS = ("xnnpack", "portable")
+LLM_TARGETS = ("xnnpack", "portable", "cuda")
 #: The quantization schemes of an `llm:` spec.
 LLM_SCHEMES = ("int8da4w",)
 Dtype = Literal["float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"]
@@ -522,8 +522,11 @@ class BuildSpec(StrictModel):
             raise ValueError(f"quantization.scheme: an `llm:` spec is quantized with {' or '.join(LLM_SCHEMES)} (linear "
                              f"layers, as ExecuTorch's LLM recipes), not {self.quantization.scheme!r}")
         if self.target_name not in LLM_TARGETS:
-            raise ValueError(f"target: an `llm:` spec builds for {' or '.join(LLM_TARGETS)}, not {self.target_name!r}"
+            raise ValueError(f"target: an `llm:` spec builds for {', '.join(LLM_TARGETS)}, not {self.target_name!r}"
                              " (docs/llm.md)")
+        if self.target_name == "cuda" and self.quantization is not None:
+            raise ValueError("quantization: an `llm:` spec on target cuda is built in target.precision (bf16 is the "
+                             "CUDA backend's LLM precision); quantized decoder LMs build for xnnpack; remove one")
         return self
 
     @property

@@ -47,6 +47,9 @@ class Target(ABC):
     device: ClassVar[Device]
     #: Whether its programs must each have a process of their own (the side-by-side runs them apart).
     one_program_per_process: ClassVar[bool] = False
+    #: Whether the runtime that runs its programs ships ExecuTorch's LLM runner (else a decoder LM is driven
+    #: one token per call through that runtime: ``validate/generation.py``).
+    llm_runner: ClassVar[bool] = True
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         """Raise ``SpecError``/``ToolchainMismatch`` for what cannot work; return warnings."""
@@ -64,10 +67,16 @@ class Target(ABC):
 
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
 
+    def llm_module(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
+        """A decoder LM as this target exports it: on its device, in its compute type (default: as loaded)."""
+        return model
+
     @abstractmethod
-    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> Lowered:
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path,
+              constant_methods: dict[str, Any] | None = None) -> Lowered:
         """Lower the exported methods and write ``model.pte`` (and any ``.ptd``) into ``out_dir``.
 
+        ``constant_methods``: methods that return a constant, such as the metadata an LLM runner reads.
         Without delegation facts the manifest says the delegated fraction is unknown.
         """
 

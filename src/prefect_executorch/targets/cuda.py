@@ -145,6 +145,8 @@ class CudaTarget(Target):
     # loads it from there: a second program with the same kernels (a rebuild, new weights) rewrites the library
     # the first has loaded. Two such programs in one side-by-side child died of SIGSEGV on the H200.
     one_program_per_process = True
+    # The runtime wheel that registers CudaBackend ships no LLM runner: a decoder LM runs one token per call.
+    llm_runner = False
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         check_scheme(spec, self.name)
@@ -172,7 +174,15 @@ class CudaTarget(Target):
         # Inductor compiles for the device the program was exported on.
         return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
 
-    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> Lowered:
+    def llm_module(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
+        import torch
+
+        # The whole model in the program's type, its static KV cache included (made in the model's dtype).
+        dtype = LOW_PRECISION.get(_options(spec).precision)
+        return model.to(device="cuda", dtype=getattr(torch, dtype) if dtype else torch.float32)
+
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path,
+              constant_methods: dict[str, Any] | None = None) -> Lowered:
         from executorch.backends.cuda.cuda_backend import CudaBackend
         from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
         from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
@@ -194,6 +204,7 @@ class CudaTarget(Target):
         edge = to_edge_transform_and_lower(
             programs, partitioner=partitioners,
             compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+            constant_methods=constant_methods,
         )
         delegation = delegation_facts(edge)
         program = edge.to_executorch(ExecutorchBackendConfig(

@@ -403,7 +403,8 @@ class TensorRTTarget(Target):
         with tensorrt_quant.export_context(spec):
             return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
 
-    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path) -> Lowered:
+    def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path,
+              constant_methods: dict[str, Any] | None = None) -> Lowered:
         from prefect_executorch.machine.apisource import Sources
         from prefect_executorch.program import read_program
         from prefect_executorch.spec.inputs import dynamic_shapes, example_inputs

@@ -1,4 +1,5 @@
-"""Validation by generation: eager greedy ``generate`` against the program run by ExecuTorch's LLM runner.
+"""Validation by generation: eager greedy ``generate`` against the program run by ExecuTorch's LLM runner
+(or, where the target's runtime ships none, the program one token per call through that runtime).
 
 Both sides get the prompt as the bundle's tokenizer encodes it (no special tokens added: the runner adds
 none) and generate greedily up to ``llm.new_tokens`` tokens or an end-of-sequence token. The runner reports
@@ -11,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -26,6 +27,7 @@ from prefect_executorch.spec.causal_lm import (
     load_tokenizer,
 )
 from prefect_executorch.spec.llm import TOKENIZER_FILE
+from prefect_executorch.targets import get_target
 from prefect_executorch.validate.report import (
     GateResult,
     GenerationCase,
@@ -34,8 +36,10 @@ from prefect_executorch.validate.report import (
     TeacherForced,
     ValidationReport,
 )
+from prefect_executorch.validate.runtime import LoadedProgram
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel
 
     from prefect_executorch.validate.validator import ValidateRequest
@@ -60,24 +64,17 @@ def eager_greedy(model: PreTrainedModel, prompt_ids: list[int], new_tokens: int)
     return [int(token) for token in generated[0, len(prompt_ids):]]
 
 
-def teacher_forced(method: Any, model: PreTrainedModel, prompt_ids: list[int], continuation: list[int]) -> TeacherForced:
-    """The program's ``forward`` fed the prompt and ``continuation`` one token per call, against fp32 eager."""
-    import torch
+class Generator(Protocol):
+    """Greedy generation by a program: ExecuTorch's LLM runner, or the program one token per call."""
 
-    tokens = prompt_ids + continuation
-    start = len(prompt_ids) - 1  # the logits that predict the continuation
-    logits = [method.execute([torch.tensor([[token]]), torch.tensor([position])])[0][0, -1]
-              for position, token in enumerate(tokens[:-1])][start:]
-    program = torch.stack(logits).float()
-    eager = model(torch.tensor([tokens])).logits[0, start:-1].float()
-    target = torch.tensor(continuation)
-    return TeacherForced(
-        positions=len(continuation),
-        top1_agreement=float((program.argmax(-1) == eager.argmax(-1)).float().mean()),
-        logit_rel_error=float((program - eager).norm() / eager.norm()),
-        nll=float(torch.nn.functional.cross_entropy(program, target)),
-        eager_nll=float(torch.nn.functional.cross_entropy(eager, target)),
-    )
+    #: What generates, in words: the report says which path judged a build.
+    name: str
+
+    def greedy(self, prompt: str, new_tokens: int,
+               on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
+        """``prompt`` continued greedily from an empty cache, each token as its text, and the timing;
+        ``on_piece`` gets each token's text as it is made."""
+        ...
 
 
 def load_runner(program: Path, tokenizer: Path) -> Any:
@@ -88,24 +85,103 @@ def load_runner(program: Path, tokenizer: Path) -> Any:
     return TextLLMRunner(str(program), str(tokenizer))
 
 
-def runner_greedy(runner: Any, prompt: str, new_tokens: int,
-                  on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
-    """The runner's greedy continuation of ``prompt`` from an empty cache, and its timing; ``on_piece`` gets each
-    token's text as the runner makes it."""
-    from executorch.extension.llm.runner import GenerationConfig
+class LlmRunner:
+    """ExecuTorch's ``TextLLMRunner``: what a consumer's app runs on CPU targets."""
 
-    pieces: list[str] = []
-    stats: list[Any] = []
+    name = "ExecuTorch's LLM runner"
 
-    def take(piece: str) -> None:
-        pieces.append(piece)
-        if on_piece is not None:
-            on_piece(piece)
+    def __init__(self, program: Path, tokenizer: Path) -> None:
+        self.runner = load_runner(program, tokenizer)
 
-    runner.reset()
-    runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0),
-                    token_callback=take, stats_callback=stats.append)
-    return pieces, GenerationStats.of(stats[-1]) if stats else GenerationStats()
+    def greedy(self, prompt: str, new_tokens: int,
+               on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
+        from executorch.extension.llm.runner import GenerationConfig
+
+        pieces: list[str] = []
+        stats: list[Any] = []
+
+        def take(piece: str) -> None:
+            pieces.append(piece)
+            if on_piece is not None:
+                on_piece(piece)
+
+        self.runner.reset()
+        self.runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0),
+                             token_callback=take, stats_callback=stats.append)
+        return pieces, GenerationStats.of(stats[-1]) if stats else GenerationStats()
+
+
+class TokenByToken:
+    """The program's ``forward`` called once per token through ExecuTorch's runtime, as the LLM runner does
+    without a dynamic sequence: where the runtime that has a program's delegate ships no LLM runner (the
+    runtime wheel with ``CudaBackend``), this generates, with the program's own end-of-sequence ids."""
+
+    name = "ExecuTorch's runtime, one token per call (this runtime has no LLM runner)"
+
+    def __init__(self, program: LoadedProgram, tokenizer: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.program, self.tokenizer = program, Tokenizer.from_file(str(tokenizer))
+        self.eos = {int(token) for token in program.execute("get_eos_ids", ())} if "get_eos_ids" in program.facts else set()
+
+    def next_logits(self, token: int, position: int) -> torch.Tensor:
+        """The next-token logits after ``token`` at ``position`` (the cache holds what came before)."""
+        import torch
+
+        return self.program.execute("forward", (torch.tensor([[token]]), torch.tensor([position])))[0][0, -1]
+
+    def greedy(self, prompt: str, new_tokens: int,
+               on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        started = time.perf_counter()
+        for position, token in enumerate(ids):
+            logits = self.next_logits(token, position)
+        prefilled = time.perf_counter()
+        pieces: list[str] = []
+        while True:
+            token = int(logits.argmax())
+            pieces.append(self.tokenizer.decode([token], skip_special_tokens=False))
+            if on_piece is not None:
+                on_piece(pieces[-1])
+            if len(pieces) == new_tokens or token in self.eos:
+                break
+            logits = self.next_logits(token, len(ids) + len(pieces) - 1)
+        ended = time.perf_counter()
+        return pieces, GenerationStats(
+            prefill_tokens_per_s=len(ids) / (prefilled - started),
+            decode_tokens_per_s=(len(pieces) - 1) / (ended - prefilled) if len(pieces) > 1 else None,
+            time_to_first_token_ms=(prefilled - started) * 1000,
+        )
+
+
+def open_generator(program: Path, tokenizer: Path, target: str, data: Path | None = None) -> Generator:
+    """What generates with ``program`` on ``target``: ExecuTorch's LLM runner where its runtime ships one, else
+    the program one token per call through the runtime that has the target's delegate."""
+    chosen = get_target(target)
+    if chosen.llm_runner:
+        return LlmRunner(program, tokenizer)
+    chosen.runtime_setup()
+    return TokenByToken(LoadedProgram(program, data), tokenizer)
+
+
+def teacher_forced(program: TokenByToken, model: PreTrainedModel, prompt_ids: list[int],
+                   continuation: list[int]) -> TeacherForced:
+    """The program fed the prompt and ``continuation`` one token per call, against fp32 eager."""
+    import torch
+
+    tokens = prompt_ids + continuation
+    start = len(prompt_ids) - 1  # the logits that predict the continuation
+    logits = [program.next_logits(token, position) for position, token in enumerate(tokens[:-1])][start:]
+    program_logits = torch.stack(logits).float()
+    eager = model(torch.tensor([tokens])).logits[0, start:-1].float()
+    target = torch.tensor(continuation)
+    return TeacherForced(
+        positions=len(continuation),
+        top1_agreement=float((program_logits.argmax(-1) == eager.argmax(-1)).float().mean()),
+        logit_rel_error=float((program_logits - eager).norm() / eager.norm()),
+        nll=float(torch.nn.functional.cross_entropy(program_logits, target)),
+        eager_nll=float(torch.nn.functional.cross_entropy(eager, target)),
+    )
 
 
 def compare_generation(prompt: str, prompt_tokens: int, expected: list[str], actual: list[str],
@@ -119,34 +195,38 @@ def compare_generation(prompt: str, prompt_tokens: int, expected: list[str], act
 
 
 def validate_generation(req: ValidateRequest) -> ValidationReport:
-    """Child side of an LLM's validation: every prompt through eager ``generate``, the LLM runner and, fed eager's
-    tokens, the program itself; a float build must match token for token, a quantized one pass its gates."""
+    """Child side of an LLM's validation: every prompt through eager ``generate``, the program's generator and,
+    fed eager's tokens, the program itself; a float build must match token for token, a quantized or
+    lower-precision one pass its gates."""
     import torch
-    from executorch.runtime import Runtime
 
     spec, bundle = req.spec, Path(req.bundle_dir)
     assert spec.llm is not None
+    target = get_target(spec.target_name)
+    program, data = bundle / req.program, bundle / req.data_files[0] if req.data_files else None
+    started = time.monotonic()
+    # First: a target's runtime (CUDA's wheel) must be in place before anything imports ExecuTorch's own.
+    generator = open_generator(program, bundle / TOKENIZER_FILE, spec.target_name, data)
+    load_seconds = time.monotonic() - started
     tokenizer = load_tokenizer(spec)
     model = load_causal_lm(spec)
     check_vocabulary(model, tokenizer)
     check_prompt_lengths(spec, tokenizer)
-    started = time.monotonic()
-    runner = load_runner(bundle / req.program, bundle / TOKENIZER_FILE)
-    load_seconds = time.monotonic() - started
     cases, timings = [], []
     with torch.no_grad():
         for prompt in spec.llm.prompts:
             prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
             tokens = eager_greedy(model, prompt_ids, spec.llm.new_tokens)
             expected = [tokenizer.decode([token], skip_special_tokens=False) for token in tokens]
-            actual, timing = runner_greedy(runner, prompt, spec.llm.new_tokens)
-            # A fresh load per prompt: the program's cache state starts empty.
-            method = Runtime.get().load_program(str(bundle / req.program)).load_method("forward")
+            actual, timing = generator.greedy(prompt, spec.llm.new_tokens)
+            # Its own load where a process may hold two programs: the cache state starts empty.
+            forced_by = generator if isinstance(generator, TokenByToken) and target.one_program_per_process else \
+                TokenByToken(LoadedProgram(program, data), bundle / TOKENIZER_FILE)
             case = compare_generation(prompt, len(prompt_ids), expected, actual)
-            cases.append(case.model_copy(update={"forced": teacher_forced(method, model, prompt_ids, tokens)}))
+            cases.append(case.model_copy(update={"forced": teacher_forced(forced_by, model, prompt_ids, tokens)}))
             timings.append(timing)
-    report = GenerationReport(new_tokens=spec.llm.new_tokens, cases=cases, stats=timings,
-                              exact=spec.quantization is None)
+    report = GenerationReport(new_tokens=spec.llm.new_tokens, cases=cases, stats=timings, generated_by=generator.name,
+                              exact=spec.quantization is None and target.compute_dtype(spec) is None)
     gates = [] if report.exact else generation_gates(report, spec)
     passed = report.passed and all(gate.passed for gate in gates)
     if req.bundled_out and passed:
@@ -154,10 +234,10 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
             new_tokens=spec.llm.new_tokens, prompts=spec.llm.prompts, expected=[case.actual for case in cases],
         ).model_dump_json(indent=1))
     return ValidationReport(
-        passed=passed, cases=[], delegates={}, load_seconds=load_seconds, used_data_file=False, gates=gates,
+        passed=passed, cases=[], delegates={}, load_seconds=load_seconds, used_data_file=data is not None, gates=gates,
         delegation=req.delegation, generation=report,
         quantization=build_facts(spec, model, None, 0) if spec.quantization else None,
-        file_sizes={f: (bundle / f).stat().st_size for f in [req.program, TOKENIZER_FILE]},
+        file_sizes={f: (bundle / f).stat().st_size for f in [req.program, *req.data_files, TOKENIZER_FILE]},
     )
 
 

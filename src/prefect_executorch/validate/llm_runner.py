@@ -1,5 +1,6 @@
 """A decoder-LM bundle's own test cases (its prompts and eager's tokens) run again through the LLM runner,
-and ``generate``: one prompt through the runner, each in a child process."""
+and ``generate``: one prompt through the runner, each in a child process. (A target whose runtime ships no
+LLM runner runs the program one token per call instead: ``generation.open_generator``.)"""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.targets import PROGRAM_FILE
-from prefect_executorch.validate.generation import GenerationCases, compare_generation, load_runner, runner_greedy
+from prefect_executorch.validate.generation import GenerationCases, Generator, compare_generation, open_generator
 from prefect_executorch.validate.report import GenerationReport, GenerationStats
 
 #: Wall-time limit of a child that runs a bundle's prompts (a small model takes seconds).
@@ -30,9 +31,18 @@ class RunnerRequest(BaseModel):
     """What a child that drives the LLM runner over a bundle gets."""
 
     bundle_dir: str
+    target: str = Field(description="The bundle's target: which runtime runs it.")
+    data_files: list[str] = Field(default_factory=list, description="The bundle's .ptd files.")
     prompt: str | None = None
     new_tokens: int | None = None
     stream_to: str | None = Field(None, description="A file the child appends each token's text to as it comes.")
+
+
+    def open(self) -> Generator:
+        """What generates with the bundle's program on this machine."""
+        bundle = Path(self.bundle_dir)
+        data = bundle / self.data_files[0] if self.data_files else None
+        return open_generator(bundle / PROGRAM_FILE, bundle / TOKENIZER_FILE, self.target, data)
 
 
 class Generated(BaseModel):
@@ -40,27 +50,24 @@ class Generated(BaseModel):
 
     pieces: list[str]
     stats: GenerationStats
-
-
-def bundle_runner(bundle: Path) -> Any:
-    """ExecuTorch's ``TextLLMRunner`` over a bundle folder's program and tokenizer."""
-    return load_runner(bundle / PROGRAM_FILE, bundle / TOKENIZER_FILE)
+    generated_by: str = Field(description="What ran the program.")
 
 
 def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
     """Child side: every prompt of the bundle's generation cases through the runner, compared with eager's tokens."""
     from tokenizers import Tokenizer
 
-    bundle = Path(RunnerRequest.model_validate(request).bundle_dir)
+    req = RunnerRequest.model_validate(request)
+    bundle = Path(req.bundle_dir)
     cases = GenerationCases.model_validate_json((bundle / GENERATION_CASES_FILE).read_text())
-    tokenizer, runner = Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), bundle_runner(bundle)
+    tokenizer, generator = Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), req.open()
     results, timings = [], []
     for prompt, expected in zip(cases.prompts, cases.expected, strict=True):
-        actual, timing = runner_greedy(runner, prompt, cases.new_tokens)
+        actual, timing = generator.greedy(prompt, cases.new_tokens)
         tokens = len(tokenizer.encode(prompt, add_special_tokens=False).ids)
         results.append(compare_generation(prompt, tokens, expected, actual))
         timings.append(timing)
-    return GenerationReport(new_tokens=cases.new_tokens, cases=results, stats=timings)
+    return GenerationReport(new_tokens=cases.new_tokens, cases=results, stats=timings, generated_by=generator.name)
 
 
 def generate_in_child(request: dict[str, Any]) -> Generated:
@@ -73,15 +80,17 @@ def generate_in_child(request: dict[str, Any]) -> Generated:
             stream.write(piece)
             stream.flush()
 
-        pieces, stats = runner_greedy(bundle_runner(Path(req.bundle_dir)), req.prompt, req.new_tokens, write)
-    return Generated(pieces=pieces, stats=stats)
+        generator = req.open()
+        pieces, stats = generator.greedy(req.prompt, req.new_tokens, write)
+    return Generated(pieces=pieces, stats=stats, generated_by=generator.name)
 
 
-def run_generation_cases(bundle_dir: Path, *, scratch_dir: Path | None = None, shown_as: Path | None = None,
-                         start: StartMethod | None = None) -> GenerationReport:
+def run_generation_cases(bundle_dir: Path, target: str, data_files: list[str], *, scratch_dir: Path | None = None,
+                         shown_as: Path | None = None, start: StartMethod | None = None) -> GenerationReport:
     """Run a decoder-LM bundle's prompts on this machine; ``ValidationFailed`` naming the first that departs."""
     where = shown_as or bundle_dir
-    report = _in_child("verify-generation", RunnerRequest(bundle_dir=str(bundle_dir)), GenerationReport,
+    request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files)
+    report = _in_child("verify-generation", request, GenerationReport,
                        f"the generation cases of {where}", scratch_dir, start)
     failed = [case for case in report.cases if not case.passed]
     if failed:
@@ -91,14 +100,15 @@ def run_generation_cases(bundle_dir: Path, *, scratch_dir: Path | None = None, s
     return report
 
 
-def generate(bundle_dir: Path, prompt: str, new_tokens: int, *, on_text: Callable[[str], None] | None = None,
-             start: StartMethod | None = None) -> Generated:
+def generate(bundle_dir: Path, target: str, data_files: list[str], prompt: str, new_tokens: int, *,
+             on_text: Callable[[str], None] | None = None, start: StartMethod | None = None) -> Generated:
     """``prompt`` continued greedily by the bundle's program through ExecuTorch's LLM runner (in a child);
     ``on_text`` gets the text as the child makes it."""
     with tempfile.TemporaryDirectory(prefix="generate-") as streams:
         stream = Path(streams) / "text"
         stream.touch()
-        request = RunnerRequest(bundle_dir=str(bundle_dir), prompt=prompt, new_tokens=new_tokens, stream_to=str(stream))
+        request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, prompt=prompt,
+                                new_tokens=new_tokens, stream_to=str(stream))
         with _following(stream, on_text):
             return _in_child("generate", request, Generated, f"generation with {bundle_dir}", None, start)
 

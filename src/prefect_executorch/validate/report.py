@@ -174,7 +174,7 @@ class GenerationCase(BaseModel):
     prompt: str
     prompt_tokens: int
     expected: list[str] = Field(description="Eager PyTorch's tokens.")
-    actual: list[str] = Field(description="The program's tokens, through ExecuTorch's LLM runner.")
+    actual: list[str] = Field(description="The program's tokens (GenerationReport.generated_by made them).")
     first_divergence: int | None = Field(description="The first position where they differ (None: they agree).")
     reference: str = Field("eager", description="What generated the expected tokens.")
     forced: TeacherForced | None = Field(None, description="The program fed eager's tokens: how its next-token "
@@ -201,8 +201,9 @@ class GenerationReport(BaseModel):
     new_tokens: int
     cases: list[GenerationCase]
     stats: list[GenerationStats] = Field(default_factory=list, description="The runner's timing per prompt.")
-    exact: bool = Field(True, description="Whether every token must be eager's (float builds); quantized builds are "
-                        "judged by their gates instead.")
+    exact: bool = Field(True, description="Whether every token must be eager's (float32 builds); quantized and "
+                        "lower-precision builds are judged by their gates instead.")
+    generated_by: str = Field("ExecuTorch's LLM runner", description="What ran the program to generate.")
 
     @property
     def passed(self) -> bool:
@@ -277,6 +278,7 @@ class ValidationSummary(BaseModel):
     generation_agreement: float | None = Field(
         default=None, description="A decoder LM's share of eager's greedy tokens its program generated the same."
     )
+    generated_by: str | None = Field(default=None, description="What ran a decoder LM's program to generate.")
 
 
 class ValidationReport(BaseModel):
@@ -408,6 +410,7 @@ class ValidationReport(BaseModel):
             quantization_rel_error=self._worst_rel_error("quantization_error"),
             lowering_rel_error=self._worst_rel_error("lowering_error"),
             generation_agreement=self.generation.agreement() if self.generation else None,
+            generated_by=self.generation.generated_by if self.generation else None,
         )
 
     def _worst_rel_error(self, field: str) -> float | None:

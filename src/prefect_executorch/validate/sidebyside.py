@@ -236,17 +236,22 @@ def _generation_side_by_side(req: SideBySideRequest) -> MethodComparison:
     """The candidate's prompts greedily through both bundles' LLM runners: the same tokens, and the time of a whole
     generation (the first prompt's) with their windows interleaved."""
     from prefect_executorch.spec.llm import GENERATION_CASES_FILE
-    from prefect_executorch.validate.generation import GenerationCases, compare_generation, runner_greedy
-    from prefect_executorch.validate.llm_runner import bundle_runner
+    from prefect_executorch.validate.generation import GenerationCases, compare_generation
+    from prefect_executorch.validate.llm_runner import RunnerRequest
 
+    if req.alone is not None:
+        raise ValidationFailed(f"a side-by-side of two decoder-LM bundles of target {req.target} needs both programs "
+                               "in one process, which this target's runtime cannot hold: decoder LMs are compared side "
+                               "by side on CPU targets only for now (docs/llm.md)")
     cases = GenerationCases.model_validate_json((Path(req.candidate.dir) / GENERATION_CASES_FILE).read_text())
-    current, candidate = bundle_runner(Path(req.current.dir)), bundle_runner(Path(req.candidate.dir))
-    compared = [compare_generation(prompt, 0, runner_greedy(current, prompt, cases.new_tokens)[0],
-                                   runner_greedy(candidate, prompt, cases.new_tokens)[0], reference="the current bundle")
+    current, candidate = (RunnerRequest(bundle_dir=files.dir, target=req.target, data_files=files.data_files).open()
+                          for files in (req.current, req.candidate))
+    compared = [compare_generation(prompt, 0, current.greedy(prompt, cases.new_tokens)[0],
+                                   candidate.greedy(prompt, cases.new_tokens)[0], reference="the current bundle")
                 for prompt in cases.prompts]
     differing = [case for case in compared if not case.passed]
     first = cases.prompts[0]
-    timed = measure_together([partial(runner_greedy, runner, first, cases.new_tokens) for runner in (current, candidate)],
+    timed = measure_together([partial(generator.greedy, first, cases.new_tokens) for generator in (current, candidate)],
                              min_runs=req.validation.latency_runs, warmup=req.validation.latency_warmup,
                              max_seconds=req.validation.latency_max_s)
     return MethodComparison(method="generate", cases=len(compared), disagreeing=len(differing),
