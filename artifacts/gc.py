@@ -14,9 +14,10 @@ from pydantic import BaseModel
 
 from prefect_executorch.artifacts.manifest import ALIASES_DIR, CLAIM_FILE, MANIFEST_FILE
 from prefect_executorch.artifacts.store import IncompleteUpload, ObjectInfo, ObjectStore
+from prefect_executorch.defaults import GC_GRACE_HOURS
 from prefect_executorch.spec.buildspec import check_name
 
-DEFAULT_GRACE = timedelta(hours=24)
+DEFAULT_GRACE = timedelta(hours=GC_GRACE_HOURS)
 
 
 class GcReport(BaseModel):

@@ -17,6 +17,7 @@ from prefect_executorch.artifacts.aliases import AliasRecord, promote, read_alia
 from prefect_executorch.artifacts.manifest import BundleKey, Manifest
 from prefect_executorch.artifacts.registry import pull
 from prefect_executorch.artifacts.store import ObjectStore
+from prefect_executorch.defaults import MAX_LATENCY_REGRESSION
 from prefect_executorch.errors import BundleConflict, PromotionRefused
 from prefect_executorch.isolation import run_isolated
 from prefect_executorch.spec.buildspec import MethodSpec, ValidationSpec, check_name
@@ -24,7 +25,6 @@ from prefect_executorch.targets import get_target
 from prefect_executorch.validate.sidebyside import ProgramFiles, SideBySide, SideBySideRequest, merge_apart
 
 #: Default of ``--max-latency-regression``: the candidate's p50 may be at most 10% above the current one's.
-MAX_LATENCY_REGRESSION = 0.10
 
 
 def _pulled(store: ObjectStore, key: BundleKey, dest: Path, manifest_sha256: str | None) -> tuple[Manifest, ProgramFiles]:

@@ -6,7 +6,8 @@ from prefect import flow
 from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.aliases import AliasRecord
-from prefect_executorch.artifacts.promotion import MAX_LATENCY_REGRESSION, PromotionRequest
+from prefect_executorch.artifacts.promotion import PromotionRequest
+from prefect_executorch.defaults import MAX_LATENCY_REGRESSION
 from prefect_executorch.spec.buildspec import ValidationSpec
 from prefect_executorch.tasks.promote import promote_alias
 

@@ -148,7 +148,7 @@ def test_the_live_view_shows_each_stage_once_in_order_and_a_stop_as_stopped() ->
 
     from rich.console import Console
 
-    from prefect_executorch.cli.main import LiveView
+    from prefect_executorch.cli.render import LiveView
     from prefect_executorch.progress import listening, stage
 
     terminal = io.StringIO()

@@ -162,7 +162,7 @@ def test_tables_fit_80_columns_and_json_has_every_value(built: Path) -> None:
     # promote's side-by-side table, its worst disagreement a long line: under the table, whole.
     from rich.console import Console
 
-    from prefect_executorch.cli.main import _rows_table
+    from prefect_executorch.cli.render import rows_table
     from prefect_executorch.validate.sidebyside import ComparisonRow
 
     worst = "output [0] at static [[2, 32]]: 100.00% of elements beyond atol=0.0001 + rtol=1e-05*|eager| from default"
@@ -170,7 +170,7 @@ def test_tables_fit_80_columns_and_json_has_every_value(built: Path) -> None:
                         candidate_p50_ms=0.0923456, current_p99_ms=0.12, candidate_p99_ms=0.14, regression=0.1367,
                         stable=True, worst=worst)
     console = Console(width=80, record=True, soft_wrap=True)
-    console.print(_rows_table("prod: 2 beside the bundle it held", [row]))
+    console.print(rows_table("prod: 2 beside the bundle it held", [row]))
     shown = console.export_text()
     assert "…" not in shown and "0.0812" in shown and "forward_with_a_long_name" in shown and worst in shown, shown
     report = json.loads(run_cli("validate", str(built / "spec.json"), str(pulled), "--json", cwd=built).stdout)
@@ -294,7 +294,7 @@ def test_prefect_is_imported_before_the_api_thread_starts(tmp_path: Path) -> Non
     """Prefect's import loads collections (ours too): in a second thread beside ours it could deadlock on import locks."""
     script = """
 import sys
-from prefect_executorch.cli.main import _start_prefect
+from prefect_executorch.cli.build import _start_prefect
 future = _start_prefect()
 prefect = sys.modules.get("prefect")
 print("prefect imported when the thread started:", prefect is not None and not prefect.__spec__._initializing)

@@ -13,7 +13,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from prefect_executorch.cli.main import DEBUG_ENV, STORE_ENV
+from prefect_executorch.cli.app import DEBUG_ENV, STORE_ENV
 from prefect_executorch.errors import InvalidSetting, SpecError
 from prefect_executorch.fleet.gpus import GPU_ENV, gpu_index_from_env
 from prefect_executorch.fleet.worker import TOOLCHAIN_ENV, WORKER_GPU_ENV
