@@ -8,20 +8,21 @@ backend's source without a GPU; only ``lower`` and ``runtime_setup`` import the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import ExportFailed, SpecError, ToolchainMismatch
 from prefect_executorch.machine.compat import cuda_compat
 from prefect_executorch.spec.options import CudaOptions
 from prefect_executorch.spec.schemes import check_scheme
-from prefect_executorch.targets.base import PROGRAM_FILE, Lowered, MemoryLimit, Target
+from prefect_executorch.targets.base import PROGRAM_FILE, Lowered
 from prefect_executorch.targets.gpu import (
+    LOW_PRECISION,
     RUNTIME_PACKAGE,
+    GpuTarget,
     activate_runtime_wheel,
     cannot_build,
     configure_eager_cuda,
     cuda_backend_problems,
-    gpu_memory_limit,
     platform_problems,
     set_cuda_pool_release_threshold,
 )
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 BACKEND = "CudaBackend"
 #: The name the backend gives its external data (``aoti_<device>_blob``): every export needs a fresh directory.
 DATA_FILE = "aoti_cuda_blob.ptd"
-LOW_PRECISION = {"fp16": "float16", "bf16": "bfloat16"}
 INSTALL = ('pip install "prefect-executorch[cuda]" --extra-index-url https://download.pytorch.org/whl/cu130 '
            "--extra-index-url https://pypi.nvidia.com (torch 2.14 cu130, ExecuTorch 1.4.1 and the runtime wheel with "
            "CudaBackend; docs/cuda.md)")
@@ -135,12 +135,11 @@ def _toolchain_problems(toolchain: Toolchain) -> list[str]:
     return problems + cuda_backend_problems(toolchain, "target cuda", "build target xnnpack on this worker")
 
 
-class CudaTarget(Target):
+class CudaTarget(GpuTarget):
     """ExecuTorch's CUDA backend: every method compiled by AOTInductor (Triton kernels), weights in the ``.ptd``."""
 
     name = "cuda"
     options = CudaOptions
-    device = "cuda"
     # ExecuTorch 1.4.1's CudaBackend writes each program's kernel library to /tmp/<sha256>_so_blob<pid>.so and
     # loads it from there: a second program with the same kernels (a rebuild, new weights) rewrites the library
     # the first has loaded. Two such programs in one side-by-side child died of SIGSEGV on the H200.
@@ -178,7 +177,7 @@ class CudaTarget(Target):
         import torch
 
         # The whole model in the program's type, its static KV cache included (made in the model's dtype).
-        dtype = LOW_PRECISION.get(_options(spec).precision)
+        dtype = self.compute_dtype(spec)
         return model.to(device="cuda", dtype=getattr(torch, dtype) if dtype else torch.float32)
 
     def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path,
@@ -223,12 +222,6 @@ class CudaTarget(Target):
         activate_runtime_wheel(BACKEND, False, "", INSTALL)
         set_cuda_pool_release_threshold()
 
-    def eager_device(self, spec: BuildSpec) -> str:
-        return "cuda"
-
-    def compute_dtype(self, spec: BuildSpec) -> str | None:
-        return LOW_PRECISION.get(_options(spec).precision)
-
     def runtime_hints(self, spec: BuildSpec, toolchain: Toolchain | None = None) -> dict[str, Any]:
         options = _options(spec)
         return {
@@ -248,6 +241,3 @@ class CudaTarget(Target):
             "cuda_channel": toolchain.cuda_channel if toolchain else None,
             "gpu": toolchain.gpus[0].name if toolchain and toolchain.gpus else None,
         }
-
-    def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
-        return gpu_memory_limit(stage, requested_mib)

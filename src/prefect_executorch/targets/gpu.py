@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import ctypes
 import importlib
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from prefect_executorch.errors import ToolchainMismatch
+from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.isolation import MemoryLimit
 from prefect_executorch.machine.toolchain import channel_cuda_major
 from prefect_executorch.machine.versions import minor_version
+from prefect_executorch.targets.base import Device, Target
 
 if TYPE_CHECKING:
     from prefect_executorch.machine.toolchain import Toolchain
+    from prefect_executorch.spec.buildspec import BuildSpec
 
 #: A runtime wheel of ExecuTorch 1.4.1 with TensorRTBackend, CudaBackend and XnnpackBackend built in; a
 #: separate distribution, not part of torch-tensorrt.
@@ -23,6 +25,32 @@ SUPPORTED_ARCHES = ("x86_64", "aarch64")
 #: Resident-memory bounds of GPU children when the spec sets none (MiB; None: unbounded). Export
 #: compiles (engines, kernels) and may need the host's memory; validation holds one program and the model.
 GPU_MEMORY_DEFAULTS_MIB: dict[str, int | None] = {"export": None, "validate": 32768}
+
+
+#: The spec's lower precisions (``target.precision``) and the torch dtype a GPU program computes in.
+LOW_PRECISION = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+class GpuTarget(Target):
+    """What the GPU targets share: eager runs on CUDA, the program computes in ``target.precision``, and their
+    children are bounded by resident memory."""
+
+    device: ClassVar[Device] = "cuda"
+
+    def precision(self, spec: BuildSpec) -> str:
+        """The spec's ``target.precision`` (``fp32``, ``fp16``, ``bf16``)."""
+        if not isinstance(spec.target, self.options):
+            raise SpecError(f"target: expected kind {self.name!r}, got {spec.target.kind!r}")
+        return str(getattr(spec.target, "precision"))  # noqa: B009 - every GPU target's options have it
+
+    def eager_device(self, spec: BuildSpec) -> str:
+        return "cuda"
+
+    def compute_dtype(self, spec: BuildSpec) -> str | None:
+        return LOW_PRECISION.get(self.precision(spec))
+
+    def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
+        return gpu_memory_limit(stage, requested_mib)
 
 
 def gpu_memory_limit(stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:

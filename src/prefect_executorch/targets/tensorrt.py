@@ -22,15 +22,16 @@ from prefect_executorch.machine.versions import minor_version, older_than
 from prefect_executorch.spec.options import TensorRTOptions
 from prefect_executorch.spec.schemes import check_scheme, compat_tag
 from prefect_executorch.targets import tensorrt_quant
-from prefect_executorch.targets.base import PROGRAM_FILE, Lowered, MemoryLimit, Target
+from prefect_executorch.targets.base import PROGRAM_FILE, Lowered
 from prefect_executorch.targets.calls import Call, LiveSources, Ref, Slot, Step, check_calls, run_steps
 from prefect_executorch.targets.gpu import (
+    LOW_PRECISION,
     RUNTIME_PACKAGE,
+    GpuTarget,
     activate_runtime_wheel,
     cannot_build,
     configure_eager_cuda,
     cuda_backend_problems,
-    gpu_memory_limit,
     platform_problems,
 )
 
@@ -47,7 +48,6 @@ CUDA_GRAPHS_BUILD = "a Torch-TensorRT build newer than the 2026-10-06 nightly (i
 #: First ExecuTorch whose Python bindings return device-resident outputs (and caller-provided ones)
 #: correctly; before it they wrap the device pointer as a CPU tensor and the clone segfaults.
 DEVICE_OUTPUTS_EXECUTORCH = "1.6.0.dev20261008"
-LOW_PRECISION = {"fp16": "float16", "bf16": "bfloat16"}
 
 #: The two stacks the delegate ships in: PyPI releases (torch-tensorrt 2.14 + CPU ExecuTorch 1.4.1 +
 #: the runtime wheel) and the backend page's nightly channel (CUDA builds of all three).
@@ -362,12 +362,11 @@ def _warnings(spec: BuildSpec, options: TensorRTOptions) -> list[str]:
     return warnings
 
 
-class TensorRTTarget(Target):
+class TensorRTTarget(GpuTarget):
     """TensorRT engines inside the .pte; optionally the CUDA backend for the operators TensorRT rejects."""
 
     name = "tensorrt"
     options = TensorRTOptions
-    device = "cuda"
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         check_scheme(spec, self.name)
@@ -443,12 +442,6 @@ class TensorRTTarget(Target):
         io = _options(spec).device_resident_io
         return tensor.to("cuda") if io is not None and io.inputs else tensor
 
-    def eager_device(self, spec: BuildSpec) -> str:
-        return "cuda"
-
-    def compute_dtype(self, spec: BuildSpec) -> str | None:
-        return LOW_PRECISION.get(_options(spec).precision)
-
     def runtime_hints(self, spec: BuildSpec, toolchain: Toolchain | None = None) -> dict[str, Any]:
         options = _options(spec)
         io = options.device_resident_io
@@ -465,9 +458,6 @@ class TensorRTTarget(Target):
             "cuda_channel": toolchain.cuda_channel if toolchain else None,
             "stack": stack_of(toolchain) if toolchain else None,
         }
-
-    def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
-        return gpu_memory_limit(stage, requested_mib)
 
 
 def activate_delegate_runtime() -> None:
