@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from prefect_executorch import scratch
 from prefect_executorch.artifacts.aliases import AliasRecord, promote, read_alias, select_bundle
 from prefect_executorch.artifacts.manifest import BundleKey, Manifest
 from prefect_executorch.artifacts.registry import pull
@@ -62,6 +63,13 @@ def compare_bundles(
         shutil.rmtree(work, ignore_errors=True)
 
 
+class Promotion(BaseModel):
+    """What a checked promotion did: the alias record, and whether this call moved it."""
+
+    record: AliasRecord
+    moved: bool = Field(description="False when the alias already pointed at the bundle: nothing moved, no event.")
+
+
 class PromotionRequest(BaseModel):
     """One move of an alias and the gates it must pass."""
 
@@ -82,7 +90,7 @@ class PromotionRequest(BaseModel):
 
 def promote_checked(
     store: ObjectStore, request: PromotionRequest, *, scratch_dir: Path | None = None, moved_by: str | None = None
-) -> AliasRecord:
+) -> Promotion:
     """Move the alias to the version if it agrees with and is no slower than the alias's bundle (or ``force``).
 
     ``allow_output_change`` is for new weights, whose outputs differ by design: only latency is gated
@@ -95,13 +103,13 @@ def promote_checked(
     key = select_bundle(store, name, version, request.target, request.compat)
     found = read_alias(store, name, alias)
     if found is not None and found[0].bundle_key() == key and expect_version in (None, key.version):
-        return found[0]  # already there: an automation and a retrain may both move it to the same bundle
+        # Already there: an automation and a retrain may both move it to the same bundle.
+        return Promotion(record=found[0], moved=False)
     comparison, overridden = None, []
     if found is not None:
         current = found[0]
-        with tempfile.TemporaryDirectory(prefix="prefect-executorch-promote-") as default_scratch:
-            comparison = compare_bundles(store, current, key, validation=request.validation,
-                                         scratch_dir=scratch_dir or Path(default_scratch))
+        with scratch.scratch_dir("promote", scratch_dir) as work:
+            comparison = compare_bundles(store, current, key, validation=request.validation, scratch_dir=work)
         disagreements = [] if request.allow_output_change else comparison.disagreements()
         regressions = comparison.regressions(request.max_latency_regression)
         problems = ([f"outputs disagree with {alias}: {line}" for line in disagreements]
@@ -119,10 +127,11 @@ def promote_checked(
     # The comparison was made against the alias's bundle of now: move only if nobody moved it meanwhile.
     expect = expect_version or (found[0].version if found is not None else None)
     try:
-        return promote(store, name, version, alias, target=key.target, compat=key.compat, force=request.force,
-                       expect_version=expect, moved_by=moved_by, comparison=comparison, overridden=overridden)
+        record = promote(store, name, version, alias, target=key.target, compat=key.compat, force=request.force,
+                         expect_version=expect, moved_by=moved_by, comparison=comparison, overridden=overridden)
     except BundleConflict:
         now = read_alias(store, name, alias)
         if now is not None and now[0].bundle_key() == key:
-            return now[0]  # a concurrent promotion moved it where we wanted it
+            return Promotion(record=now[0], moved=False)  # a concurrent promotion moved it where we wanted it
         raise
+    return Promotion(record=record, moved=True)

@@ -24,15 +24,16 @@ def promote(
     max_latency_regression: float = MAX_LATENCY_REGRESSION,
     allow_output_change: bool = False,
     validation: ValidationSpec | None = None,
+    expect_version: str | None = None,
 ) -> AliasRecord:
     """Point ``alias`` of ``name`` at ``version`` (one bundle, narrowed by ``target``/``compat``) in ``store``.
 
     A bundle that disagrees with, or is more than ``max_latency_regression`` slower than, the alias's
     bundle (compared at ``validation``'s tolerances) is refused unless ``force``; ``allow_output_change``
-    (new weights) gates latency only.
+    (new weights) gates latency only. With ``expect_version``, the alias moves only if it points at that version now.
     """
     request = PromotionRequest(
         name=name, version=version, alias=alias, target=target, compat=compat, force=force,
         max_latency_regression=max_latency_regression, allow_output_change=allow_output_change,
-        validation=validation or ValidationSpec())
+        validation=validation or ValidationSpec(), expect_version=expect_version)
     return promote_alias(store, request)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 from prefect import flow
 
+from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.probe import check_buildable, probe_toolchain
 from prefect_executorch.tasks.pull import pull_published
@@ -25,12 +24,8 @@ def revalidate(
     target that best fits this worker is pulled (and verified, pinned by the alias if any) under
     ``output``, or a temporary directory removed when the flow ends. A failed case or gate fails the run.
     """
-    output_root = Path(output) if output else Path(tempfile.mkdtemp(prefix="prefect-executorch-revalidate-"))
-    try:
+    with scratch_dir("revalidate", Path(output) if output else None) as output_root:
         toolchain = probe_toolchain()
         check_buildable(spec, toolchain)
         manifest, bundle_dir = pull_published(store, name, alias_or_version, spec.target_name, toolchain, output_root)
         return validate_pulled(spec, manifest, bundle_dir, output_root)
-    finally:
-        if output is None:
-            shutil.rmtree(output_root, ignore_errors=True)

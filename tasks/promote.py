@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.artifacts.aliases import AliasRecord, read_alias
+from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
 from prefect_executorch.artifacts.reports import publish_promotion_artifact, publish_refusal_artifact
 from prefect_executorch.artifacts.urls import open_store
@@ -24,15 +24,14 @@ def promote_alias(store: str | Block, request: PromotionRequest) -> AliasRecord:
     """Move the alias; a lost race, an unvalidated bundle or a failed side-by-side (unless forced) fails the task."""
     opened = open_store(store)
     name, version, alias = request.name, request.version, request.alias
-    before = read_alias(opened, name, alias)
     with scratch_dir("promote") as scratch:
         try:
-            record = promote_checked(opened, request, scratch_dir=scratch)
+            promotion = promote_checked(opened, request, scratch_dir=scratch)
         except PromotionRefused as refused:
             publish_refusal_artifact(name, alias, refused)
             raise
-    logger = get_run_logger()
-    if before is not None and before[0] == record:
+    logger, record = get_run_logger(), promotion.record
+    if not promotion.moved:
         # Already there (an automation and a retrain may both ask): nothing moved, so no event says it did.
         logger.info("%s already: nothing moved", record.describe())
         return record

@@ -51,7 +51,7 @@ def builds(tmp_path_factory: pytest.TempPathFactory, prefect_harness: None) -> B
 def move(store: LocalStore, version: str, alias: str, moved_by: str | None = None, **gates: Any) -> AliasRecord:
     """Promote ``mlp`` ``version`` to ``alias`` through the side-by-side gate."""
     request = PromotionRequest(name="mlp", version=version, alias=alias, **gates)
-    return promote_checked(store, request, moved_by=moved_by)
+    return promote_checked(store, request, moved_by=moved_by).record
 
 
 def test_validation_latency_is_windowed_with_percentiles(builds: Builds) -> None:

@@ -162,17 +162,15 @@ def promote(
         name=name, version=version, alias=alias, target=target, compat=compat, force=force,
         expect_version=expect_version, max_latency_regression=max_latency_regression,
         allow_output_change=allow_output_change, validation=load_spec(spec_file).validation if spec_file else ValidationSpec())
-    from prefect_executorch.artifacts.aliases import read_alias
-
     opened = open_for_reading(store, endpoint_url)
-    before = read_alias(opened, name, alias)
-    record = promote_checked(opened, request)
+    promotion = promote_checked(opened, request)
+    record = promotion.record
     if as_json:
         sys.stdout.write(record.model_dump_json(indent=2) + "\n")
         return
     if record.comparison is not None:
         console.print(rows_table(f"{alias}: {version} beside the bundle it held", record.comparison.rows()))
-    if before is not None and before[0] == record:
+    if not promotion.moved:
         console.print(f"already: {record.describe()}; nothing moved")
         return
     previous = record.previous

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from prefect_executorch.errors import ToolchainMismatch, ValidationFailed
 from prefect_executorch.hashing import sha256_bytes
 from prefect_executorch.isolation import describe_exit, run_isolated
+from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.validate.bundled import BUNDLED_FILE, BundledFacts
 
 if TYPE_CHECKING:
@@ -143,11 +144,11 @@ def run_cpp_consumer(bundle_dir: Path, manifest: Manifest, *, shown_as: Path | N
         why = facts.skipped if facts else "it was published before bundles carried their test cases"
         raise ValidationFailed(f"{where} has no {BUNDLED_FILE} to run in C++ ({why})")
     binary = consumer_binary()
-    with tempfile.TemporaryDirectory(prefix="cpp-cases-") as scratch:
-        cases = Path(scratch) / "cases"
+    with scratch_dir("cpp-cases") as scratch:
+        cases = scratch / "cases"
         cases.mkdir()
         count = run_isolated("write-cpp-cases", CasesRequest(bundle_dir=str(bundle_dir), facts=facts, out=str(cases)),
-                             CasesWritten, timeout_s=RUN_TIMEOUT_S, scratch_dir=Path(scratch),
+                             CasesWritten, timeout_s=RUN_TIMEOUT_S, scratch_dir=scratch,
                              what=f"writing the cases of {where} for C++", start="spawn").count
         command = [str(binary), str(bundle_dir / manifest.program), str(cases),
                    *(str(bundle_dir / data) for data in manifest.data_files)]

@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
+from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.targets import PROGRAM_FILE
 from prefect_executorch.validate.generation import GenerationCases, Generator, compare_generation, open_generator
@@ -104,8 +105,8 @@ def generate(bundle_dir: Path, target: str, data_files: list[str], prompt: str, 
              on_text: Callable[[str], None] | None = None, start: StartMethod | None = None) -> Generated:
     """``prompt`` continued greedily by the bundle's program through ExecuTorch's LLM runner (in a child);
     ``on_text`` gets the text as the child makes it."""
-    with tempfile.TemporaryDirectory(prefix="generate-") as streams:
-        stream = Path(streams) / "text"
+    with scratch_dir("generate") as streams:
+        stream = streams / "text"
         stream.touch()
         request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, prompt=prompt,
                                 new_tokens=new_tokens, stream_to=str(stream))
