@@ -40,6 +40,7 @@ def test_editable_install_imports_from_the_source_tree() -> None:
         [sys.executable, "-c", "import prefect_executorch.flows.build as b; print(b.__file__)"],
         capture_output=True, text=True, check=True, cwd="/",
     ).stdout.strip()
-    # Through the link that lets every tool resolve the folder under its import name.
+    # The file itself, where tracebacks and every tool find it; the top-level folder links to it.
     assert Path(out) == ROOT / "src" / "prefect_executorch" / "flows" / "build.py"
-    assert Path(out).resolve() == ROOT / "flows" / "build.py"
+    assert not Path(out).parent.is_symlink()
+    assert (ROOT / "flows").is_symlink() and (ROOT / "flows" / "build.py").resolve() == Path(out)
