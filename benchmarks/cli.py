@@ -28,7 +28,7 @@ PLAIN_SCRIPT = '''
 import sys
 from pathlib import Path
 
-from prefect_executorch.artifacts.registry import prepare_bundle, publish
+from prefect_executorch.artifacts.publishing import prepare_bundle, publish
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.export.exporter import export_program
 from prefect_executorch.isolation import warm_up

@@ -141,7 +141,7 @@ def measure(spec: BuildSpec, name: str, export_dir: Path, data: Path, rounds: in
     """Every side at batch 1 and at the largest batch, and the profile of the program at batch 1."""
     import torch
 
-    from prefect_executorch.machine.runtimes import runtime_extension
+    from prefect_executorch.machine.runtime_extension import runtime_extension
     from prefect_executorch.spec.modelref import load_model
     from prefect_executorch.targets.cuda import for_precision
 

@@ -26,7 +26,7 @@ from _common import RESULTS, report, scratch, spread  # noqa: E402
 #: Marginal build seconds per MB of weights a user may pay (see the docstring for why).
 SECONDS_PER_MB = 0.06
 
-from prefect_executorch.artifacts.registry import prepare_bundle, publish  # noqa: E402
+from prefect_executorch.artifacts.publishing import prepare_bundle, publish  # noqa: E402
 from prefect_executorch.artifacts.store import LocalStore  # noqa: E402
 from prefect_executorch.export.exporter import export_program  # noqa: E402
 from prefect_executorch.machine.toolchain import probe  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from prefect_executorch.artifacts.manifest import BundleKey, Manifest
-from prefect_executorch.artifacts.registry import pull, verify_bundle_dir
+from prefect_executorch.artifacts.publishing import pull, verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import ExportFailed, ValidationFailed
 from prefect_executorch.flows.build import build_bundle
@@ -18,8 +18,8 @@ from prefect_executorch.machine.compat import cpu_compat
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.inputs import random_inputs
 from prefect_executorch.spec.modelref import load_model, method_callable
+from prefect_executorch.validate.loaded_program import LoadedProgram
 from prefect_executorch.validate.report import ValidationReport
-from prefect_executorch.validate.runtime import LoadedProgram
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, Manifest
-from prefect_executorch.artifacts.registry import file_entries, publish, verify_bundle_dir
+from prefect_executorch.artifacts.publishing import file_entries, publish, verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.flows.build import build_bundle

@@ -9,7 +9,7 @@ from uuid import UUID
 import pytest
 import torch
 
-from prefect_executorch.artifacts.registry import verify_bundle_dir
+from prefect_executorch.artifacts.publishing import verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import BundleConflict
 from prefect_executorch.export.fingerprint import build_fingerprint

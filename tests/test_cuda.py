@@ -135,7 +135,7 @@ def test_one_engine_build_per_gpu_holds_this_gpu(gpu: Toolchain, request: pytest
     from prefect import get_client
     from prefect.concurrency.sync import concurrency
 
-    from prefect_executorch.fleet.gpus import GPU_ENV, gpu_limit_name, gpu_slot
+    from prefect_executorch.fleet.gpu_slots import GPU_ENV, gpu_limit_name, gpu_slot
 
     request.getfixturevalue("prefect_harness")
     monkeypatch.delenv(GPU_ENV, raising=False)

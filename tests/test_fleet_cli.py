@@ -49,7 +49,7 @@ def test_worker_type_is_registered_through_the_entry_point() -> None:
 
 def test_a_retrain_moves_one_alias_per_bundle() -> None:
     from prefect_executorch.artifacts.manifest import BundleKey
-    from prefect_executorch.fleet.retrain import promotion_aliases
+    from prefect_executorch.fleet.retrain_event import promotion_aliases
 
     cpu = BundleKey(name="m", version="2", target="xnnpack", compat="cpu-xnnpack-x86_64")
     gpu = BundleKey(name="m", version="2", target="tensorrt", compat="cu132-sm90-trt11.1-x86_64")

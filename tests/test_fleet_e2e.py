@@ -29,7 +29,7 @@ import yaml
 
 from prefect_executorch.artifacts.aliases import read_alias
 from prefect_executorch.artifacts.manifest import BundleKey
-from prefect_executorch.artifacts.registry import pull, read_manifest
+from prefect_executorch.artifacts.publishing import pull, read_manifest
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.testing.prefect_server import CLI, PrefectServer, tail

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from prefect_executorch.fleet.gpus import GPU_ENV, gpu_limit_name, gpu_slot
+from prefect_executorch.fleet.gpu_slots import GPU_ENV, gpu_limit_name, gpu_slot
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

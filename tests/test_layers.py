@@ -131,7 +131,7 @@ def test_the_check_catches_an_upward_import_and_a_circle(tmp_path: Path) -> None
     ("prefect_executorch.targets", ["torch", "prefect", "executorch", "prefect_executorch.export"]),
     ("prefect_executorch.export.exporter", ["torch", "prefect", "prefect_executorch.validate"]),
     ("prefect_executorch.validate.validator", ["torch", "prefect", "prefect_executorch.artifacts"]),
-    ("prefect_executorch.artifacts.registry", ["torch", "prefect_executorch.fleet", "prefect_executorch.flows"]),
+    ("prefect_executorch.artifacts.publishing", ["torch", "prefect_executorch.fleet", "prefect_executorch.flows"]),
 ])
 def test_each_layer_imports_alone_without_what_comes_after_it(layer: str, not_loaded: list[str]) -> None:
     """Imported in a fresh interpreter: the heavy libraries load where a stage runs, not where it is named."""

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from prefect_executorch.artifacts.aliases import read_alias
-from prefect_executorch.artifacts.registry import list_bundles, read_manifest
-from prefect_executorch.artifacts.reports import artifact_key
+from prefect_executorch.artifacts.publishing import list_bundles, read_manifest
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import SpecError
 from prefect_executorch.export.lineage import collect_lineage
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.spec.buildspec import parse_spec
+from prefect_executorch.tasks.prefect_artifacts import artifact_key
 
 import models
 from helpers import MODELS, spec_data

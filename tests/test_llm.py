@@ -250,7 +250,7 @@ def test_the_token_by_token_path_generates_what_the_llm_runner_does(built_llama:
     """What drives a decoder LM where the runtime has no LLM runner (CUDA's): the program's forward once per token,
     greedy, stopping at the program's own end-of-sequence ids; on CPU it must make the runner's very tokens."""
     from prefect_executorch.validate.generation import LlmRunner, TokenByToken
-    from prefect_executorch.validate.runtime import LoadedProgram
+    from prefect_executorch.validate.loaded_program import LoadedProgram
 
     bundle = built_llama / "pulled"
     by_token = TokenByToken(LoadedProgram(bundle / "model.pte"), bundle / TOKENIZER_FILE)

@@ -27,7 +27,7 @@ def test_wheel_maps_top_level_folders_into_the_package(tmp_path: Path) -> None:
                    check=True)
     # Import from the installed wheel alone: the source tree is not on the path.
     code = (
-        "import prefect_executorch.flows.build as b, prefect_executorch.artifacts.registry as r; "
+        "import prefect_executorch.flows.build as b, prefect_executorch.artifacts.publishing as r; "
         "print(b.__file__); print(r.__file__)"
     )
     out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],

@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from prefect_executorch.fleet.deploy import plan_pools, pool_template
-from prefect_executorch.fleet.placement import MatrixCell, Placement, describe_run, install_command, route
+from prefect_executorch.fleet.placement import MatrixCell, Placement, describe_run, pool_install_command, route
 from prefect_executorch.fleet.worker import TOOLCHAIN_ENV, advertised, default_worker_name, worker_toolchain
 from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, probe
 
@@ -53,7 +53,7 @@ def test_cu132_sm90_worker_takes_its_own_runs() -> None:
 
 def test_cu132_sm90_worker_refuses_a_cu134_sm100_run_naming_both_sides() -> None:
     decision = _route(H200_CU132, "gpu-cu134", "sm100", {"channel": "cu134", "sm": "sm100"},
-                      install=install_command("cu134"))
+                      install=pool_install_command("cu134"))
     assert not decision.accepted
     assert "the run needs CUDA channel cu134 (parameter placement.channel)" in decision.reason
     assert "the run needs GPU arch sm100 (parameter placement.sm)" in decision.reason
@@ -157,8 +157,8 @@ def test_placements_and_cells() -> None:
 def test_pool_templates_carry_the_channel_install() -> None:
     template = pool_template("gpu-cu134")["variables"]["properties"]
     assert template["cuda_channel"]["default"] == "cu134"
-    assert template["install"]["default"] == install_command("cu134")
-    assert "cu134" in install_command("cu134") and "--pre" in install_command("cu134")
+    assert template["install"]["default"] == pool_install_command("cu134")
+    assert "cu134" in pool_install_command("cu134") and "--pre" in pool_install_command("cu134")
     assert pool_template("cpu")["variables"]["properties"]["cuda_channel"]["default"] is None
 
 
@@ -172,7 +172,7 @@ def test_deployments_file_pools_queues_and_install_lines() -> None:
         variables = deployment["work_pool"].get("job_variables", {})
         if "cuda_channel" in variables:
             assert deployment["work_pool"]["name"] == f"gpu-{variables['cuda_channel']}"
-            assert variables["install"] == install_command(variables["cuda_channel"])
+            assert variables["install"] == pool_install_command(variables["cuda_channel"])
 
 
 def test_deployment_parameters_fit_the_flows() -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from prefect_executorch.artifacts.manifest import Manifest
-from prefect_executorch.artifacts.registry import verify_bundle_dir
+from prefect_executorch.artifacts.publishing import verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.export.exporter import export_program

@@ -23,11 +23,11 @@ from botocore.exceptions import ClientError
 from test_build import check_bundle_runs
 from typer.testing import CliRunner
 
-from prefect_executorch.artifacts.aliases import alias_history, promote, read_alias
+from prefect_executorch.artifacts.aliases import alias_history, move_alias, read_alias
 from prefect_executorch.artifacts.catalog import Listing, ls, resolve
 from prefect_executorch.artifacts.gc import gc
 from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE, BundleKey, Manifest
-from prefect_executorch.artifacts.registry import (
+from prefect_executorch.artifacts.publishing import (
     BundleRef,
     file_entries,
     list_bundles,
@@ -221,8 +221,8 @@ def test_bad_names_refused_before_any_request(built: Built, s3_env: SeaweedS3, t
         lambda: publish(store, bundle, manifest.model_copy(update={"version": bad})),
         lambda: resolve(store, bad, version="1", compat="cpu-xnnpack-x86_64"),
         lambda: resolve(store, "convnet", alias=bad, compat="cpu-xnnpack-x86_64"),
-        lambda: promote(store, bad, "1", "prod"),
-        lambda: promote(store, "convnet", "1", bad),
+        lambda: move_alias(store, bad, "1", "prod"),
+        lambda: move_alias(store, "convnet", "1", bad),
         lambda: pull(store, BundleKey.of("convnet", bad, "xnnpack", "cpu-xnnpack-x86_64"), tmp_path / "x"),
         lambda: ls(store, bad),
         lambda: gc(store, bad or "/"),
@@ -241,9 +241,9 @@ def test_bad_names_refused_before_any_request(built: Built, s3_env: SeaweedS3, t
 def test_promote_unvalidated_refused_unless_forced(built: Built, any_store: ObjectStore, tmp_path: Path) -> None:
     publish(any_store, *synthetic(tmp_path, built, "20", passed=False))
     with pytest.raises(ValidationFailed, match="failed its validation.*--force"):
-        promote(any_store, "convnet", "20", "prod")
+        move_alias(any_store, "convnet", "20", "prod")
     assert read_alias(any_store, "convnet", "prod") is None
-    record = promote(any_store, "convnet", "20", "prod", force=True)
+    record = move_alias(any_store, "convnet", "20", "prod", force=True)
     assert record.forced and not record.validation_passed
     assert [h.forced for h in alias_history(any_store, "convnet", "prod")] == [True]
 

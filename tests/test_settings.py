@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from prefect_executorch.cli.app import DEBUG_ENV, STORE_ENV
 from prefect_executorch.errors import InvalidSetting, SpecError
-from prefect_executorch.fleet.gpus import GPU_ENV, gpu_index_from_env
+from prefect_executorch.fleet.gpu_slots import GPU_ENV, gpu_index_from_env
 from prefect_executorch.fleet.worker import TOOLCHAIN_ENV, WORKER_GPU_ENV
 from prefect_executorch.isolation import START_METHOD_ENV
 from prefect_executorch.settings import (

@@ -130,7 +130,7 @@ def test_cuda_graphs_build_or_refusal_names_the_build(toolchain: Toolchain, tmp_
 def test_flow_publishes_a_device_resident_bundle_with_its_hints(
     toolchain: Toolchain, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    from prefect_executorch.artifacts.registry import verify_bundle_dir
+    from prefect_executorch.artifacts.publishing import verify_bundle_dir
     from prefect_executorch.artifacts.store import LocalStore
     from prefect_executorch.flows.build import build_bundle
 

@@ -68,7 +68,7 @@ def test_a_quantized_engine_builds_and_passes_its_gate_with_both_errors_reported
 def test_an_int8_engine_calibrates_on_a_dataset_and_publishes_a_quantized_bundle(
     toolchain: Toolchain, tmp_path: Path, request: pytest.FixtureRequest  # noqa: F811
 ) -> None:
-    from prefect_executorch.artifacts.registry import verify_bundle_dir
+    from prefect_executorch.artifacts.publishing import verify_bundle_dir
     from prefect_executorch.artifacts.store import LocalStore
     from prefect_executorch.flows.build import build_bundle
 

@@ -17,10 +17,10 @@ import torch
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-from prefect_executorch.artifacts.reports import artifact_key
 from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.export.exporter import ExportedProgramDir, export_program
 from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
+from prefect_executorch.tasks.prefect_artifacts import artifact_key
 from prefect_executorch.tasks.validate import validate_export
 from prefect_executorch.validate.report import ValidationReport
 from prefect_executorch.validate.triage import TriageReport, run_with_etdump, triage_failure

@@ -17,9 +17,9 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from prefect_executorch.artifacts.aliases import promote
+from prefect_executorch.artifacts.aliases import move_alias
 from prefect_executorch.artifacts.manifest import BundleKey
-from prefect_executorch.artifacts.registry import verify_bundle_dir
+from prefect_executorch.artifacts.publishing import verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.cli.main import app
 from prefect_executorch.errors import ValidationFailed
@@ -210,6 +210,6 @@ def test_cli_revalidates_a_published_bundle_and_catches_drift(published, tmp_pat
 
 def test_revalidate_flow_resolves_an_alias_and_passes(published, tmp_path: Path) -> None:
     spec, store, key = published
-    promote(store, "mixed", key.version, "prod")
+    move_alias(store, "mixed", key.version, "prod")
     report = revalidate("mixed", "prod", str(store.root), spec)
     assert report.passed and [c.shape_label for c in report.cases] == ["min", "opt", "max", "extra[0]"]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from prefect_executorch.artifacts.manifest import BundleKey
-from prefect_executorch.artifacts.registry import prepare_bundle, pull, verify_bundle_dir
+from prefect_executorch.artifacts.publishing import prepare_bundle, pull, verify_bundle_dir
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import PrefectExecutorchError
 from prefect_executorch.export.exporter import export_program

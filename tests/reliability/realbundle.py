@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect_executorch.artifacts.manifest import Manifest
-from prefect_executorch.artifacts.registry import file_entries
+from prefect_executorch.artifacts.publishing import file_entries
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.spec.buildspec import BuildSpec
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from prefect import flow
 
-from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, promote, read_alias
+from prefect_executorch.artifacts.aliases import AliasRecord, alias_history, move_alias, read_alias
 from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE
-from prefect_executorch.artifacts.registry import (
+from prefect_executorch.artifacts.publishing import (
     BundleRef,
     list_bundles,
     publish,
@@ -99,12 +99,12 @@ def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str],
     versions = [str(10 + i) for i in range(CONTENDERS + 1)]
     for version in versions:
         publish(any_store, *convnet.variant(tmp_path, version=version))
-    promote(any_store, "convnet", versions[0], "canary")
+    move_alias(any_store, "convnet", versions[0], "canary")
     winners = [versions[0]]
     for _ in range(rounds):
         # Every contender moves the alias away from where it is, each only if it is still there.
         contenders = [v for v in versions if v != winners[-1]]
-        outcomes = race([lambda v=v, base=winners[-1]: promote(any_store, "convnet", v, "canary", expect_version=base)
+        outcomes = race([lambda v=v, base=winners[-1]: move_alias(any_store, "convnet", v, "canary", expect_version=base)
                          for v in contenders])
         won = [v for v, outcome in zip(contenders, outcomes, strict=False) if isinstance(outcome, AliasRecord)]
         fault.outcome(injected=1, survived=int(len(won) == 1))  # each round's race is one fault

@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, VALIDATION_FILE, BundleKey
-from prefect_executorch.artifacts.registry import BundleRef, publish, pull, signature_key, verify_bundle_dir
+from prefect_executorch.artifacts.publishing import BundleRef, publish, pull, signature_key, verify_bundle_dir
 from prefect_executorch.artifacts.signing import SIGNATURE_FILE, seal
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import IntegrityError, SpecError

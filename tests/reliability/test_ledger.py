@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from prefect_executorch.artifacts.registry import publish
+from prefect_executorch.artifacts.publishing import publish
 from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import SpecError
 

@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from prefect_executorch.artifacts.aliases import AliasRecord, parse_alias
 from prefect_executorch.artifacts.locate import parse_manifest_url
 from prefect_executorch.artifacts.manifest import BundleKey, FileEntry, Manifest, MethodEntry
-from prefect_executorch.artifacts.registry import manifest_bytes, parse_manifest
+from prefect_executorch.artifacts.publishing import manifest_bytes, parse_manifest
 from prefect_executorch.artifacts.s3 import S3Store
 from prefect_executorch.artifacts.signing import seal
 from prefect_executorch.artifacts.store import LocalStore

@@ -12,7 +12,7 @@ import pytest
 
 from prefect_executorch.artifacts.gc import gc
 from prefect_executorch.artifacts.manifest import CLAIM_FILE, MANIFEST_FILE
-from prefect_executorch.artifacts.registry import publish, pull, verify_bundle_dir
+from prefect_executorch.artifacts.publishing import publish, pull, verify_bundle_dir
 from prefect_executorch.artifacts.s3 import S3Settings, S3Store
 from prefect_executorch.errors import BundleConflict, BundleNotFound, StoreError
 from prefect_executorch.hashing import sha256_file

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator
 
 from prefect_executorch.artifacts.manifest import ALIASES_DIR, BundleKey, user_at_host
-from prefect_executorch.artifacts.registry import list_bundles, read_manifest
+from prefect_executorch.artifacts.publishing import list_bundles, read_manifest
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import (
     BundleConflict,
@@ -147,7 +147,7 @@ def select_bundle(store: ObjectStore, name: str, version: str, target: str | Non
         "(`promote --target/--compat`; the promote-bundle flow's `target` and `compat` parameters)")
 
 
-def promote(
+def move_alias(
     store: ObjectStore,
     name: str,
     version: str,

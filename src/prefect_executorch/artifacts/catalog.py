@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.artifacts.aliases import AliasRecord, list_aliases, read_alias
 from prefect_executorch.artifacts.manifest import ALIASES_DIR, MANIFEST_FILE, BundleKey
-from prefect_executorch.artifacts.registry import list_bundles
+from prefect_executorch.artifacts.publishing import list_bundles
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import BundleConflict, BundleNotFound, SpecError, ToolchainMismatch
 from prefect_executorch.machine.compat import fit, parse_compat

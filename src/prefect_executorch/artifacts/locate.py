@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from prefect_executorch.artifacts.catalog import Resolved, resolve
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey, Manifest
-from prefect_executorch.artifacts.registry import list_bundles, pull
+from prefect_executorch.artifacts.publishing import list_bundles, pull
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import SpecError
 from prefect_executorch.machine.toolchain import Toolchain

@@ -14,9 +14,9 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from prefect_executorch import scratch
-from prefect_executorch.artifacts.aliases import AliasRecord, promote, read_alias, select_bundle
+from prefect_executorch.artifacts.aliases import AliasRecord, move_alias, read_alias, select_bundle
 from prefect_executorch.artifacts.manifest import BundleKey, Manifest
-from prefect_executorch.artifacts.registry import pull
+from prefect_executorch.artifacts.publishing import pull
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.defaults import MAX_LATENCY_REGRESSION
 from prefect_executorch.errors import BundleConflict, PromotionRefused
@@ -127,7 +127,7 @@ def promote_checked(
     # The comparison was made against the alias's bundle of now: move only if nobody moved it meanwhile.
     expect = expect_version or (found[0].version if found is not None else None)
     try:
-        record = promote(store, name, version, alias, target=key.target, compat=key.compat, force=request.force,
+        record = move_alias(store, name, version, alias, target=key.target, compat=key.compat, force=request.force,
                          expect_version=expect, moved_by=moved_by, comparison=comparison, overridden=overridden)
     except BundleConflict:
         now = read_alias(store, name, alias)

@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, BundleKey, Manifest
-from prefect_executorch.artifacts.registry import BundleRef, read_manifest
+from prefect_executorch.artifacts.publishing import BundleRef, read_manifest
 from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import BundleConflict
 from prefect_executorch.export.fingerprint import BuildFingerprint, build_fingerprint

@@ -41,7 +41,7 @@ def build(
     endpoint_url: EndpointOption = None,
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
-    from prefect_executorch.artifacts.registry import list_bundles
+    from prefect_executorch.artifacts.publishing import list_bundles
     from prefect_executorch.artifacts.urls import open_store
     from prefect_executorch.machine.probecache import cached_toolchain, probe_cached
     from prefect_executorch.progress import listening, stage
@@ -100,7 +100,7 @@ def build(
 
 def _left_by(store: Any, name: str, version: str) -> str:
     """What an interrupted fresh build left: publishing is all or nothing (the manifest goes last)."""
-    from prefect_executorch.artifacts.registry import list_bundles
+    from prefect_executorch.artifacts.publishing import list_bundles
 
     published = list_bundles(store, name, version)
     return f"published {published[0].prefix} before it stopped" if published else NOTHING_PUBLISHED
@@ -168,7 +168,7 @@ def validate(
             _revalidation_notes(spec, manifest)
             data_files, delegation = manifest.data_files, manifest.delegation()
         else:
-            from prefect_executorch.artifacts.registry import local_bundle
+            from prefect_executorch.artifacts.publishing import local_bundle
 
             assert bundle_dir is not None
             local, data_files, delegation = local_bundle(bundle_dir)

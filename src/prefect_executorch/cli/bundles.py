@@ -34,7 +34,7 @@ def inspect(
     as_json: JsonOption = False,
 ) -> None:
     """Verify a bundle's files against its manifest and summarize it: key, compat, delegates, validation."""
-    from prefect_executorch.artifacts.registry import verify_bundle_dir
+    from prefect_executorch.artifacts.publishing import verify_bundle_dir
     from prefect_executorch.program import read_program
     from prefect_executorch.spec.llm import RUNNER_METADATA
 
@@ -67,7 +67,7 @@ def verify(
                              "against the installed wheel with CMake, as a C++ service links it) instead of Python's."),
 ) -> None:
     """Check every file against the manifest, then run the bundle's own test cases on this machine."""
-    from prefect_executorch.artifacts.registry import verify_bundle_dir
+    from prefect_executorch.artifacts.publishing import verify_bundle_dir
 
     manifest = verify_bundle_dir(bundle_dir)
     if not cpp:
@@ -117,13 +117,13 @@ def pull(
     run_cases: bool = typer.Option(False, "--verify", help="Also run the bundle's test cases (model.bpte, an LLM's prompts) here first."),
 ) -> None:
     """Download a bundle, verify every sha256 and the .pte/.ptd pairing, then move it into place."""
-    from prefect_executorch.artifacts import registry
+    from prefect_executorch.artifacts import publishing
     from prefect_executorch.artifacts.catalog import resolve
 
     opened = open_for_reading(store, endpoint_url)
     resolved = resolve(opened, name, version=version, alias=alias, target=target, compat=compat)
     ran: list[str] = []
-    manifest = registry.pull(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256, check=(
+    manifest = publishing.pull(opened, resolved.key, to, manifest_sha256=resolved.manifest_sha256, check=(
         (lambda staged, got: ran.append(_run_own_cases(staged, got, scratch_dir=to.parent, shown_as=to)))
         if run_cases else None))
     console.print(f"[bold green]pulled[/] {resolved.key.prefix} ({resolved.reason}) into {to}")
@@ -196,7 +196,7 @@ def generate(
     endpoint_url: EndpointOption = None,
 ) -> None:
     """Continue PROMPT with a decoder-LM bundle (ExecuTorch's LLM runner; a cuda bundle one token per call); print the text and its speed."""
-    from prefect_executorch.artifacts import registry
+    from prefect_executorch.artifacts import publishing
     from prefect_executorch.artifacts.manifest import MANIFEST_FILE
     from prefect_executorch.scratch import scratch_dir
     from prefect_executorch.validate.llm_runner import generate as run_generate
@@ -204,14 +204,14 @@ def generate(
     with scratch_dir("generate") as scratch:
         # A model name is one path segment; a folder is a path, or the folder of a bundle here.
         if "/" in bundle or (Path(bundle) / MANIFEST_FILE).is_file():
-            folder, manifest = Path(bundle), registry.verify_bundle_dir(Path(bundle))
+            folder, manifest = Path(bundle), publishing.verify_bundle_dir(Path(bundle))
         else:
             from prefect_executorch.artifacts.catalog import resolve
 
             opened = open_for_reading(store, endpoint_url)
             resolved = resolve(opened, bundle, version=version, alias=alias, compat="auto")
             folder = scratch / "bundle"
-            manifest = registry.pull(opened, resolved.key, folder, manifest_sha256=resolved.manifest_sha256)
+            manifest = publishing.pull(opened, resolved.key, folder, manifest_sha256=resolved.manifest_sha256)
         if not any(entry.role == "generation" for entry in manifest.files):
             raise NotABundle(f"{manifest.key.prefix} is no decoder-LM bundle (it has no tokenizer.json); `generate` "
                              "runs bundles built from an `llm:` spec")

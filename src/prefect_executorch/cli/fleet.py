@@ -107,7 +107,7 @@ def retrain(
     from prefect.settings import PREFECT_API_URL
 
     from prefect_executorch.errors import SpecError
-    from prefect_executorch.fleet.retrain import EVENT, emit_retrain, parse_request
+    from prefect_executorch.fleet.retrain_event import EVENT, emit_retrain, parse_request
     from prefect_executorch.hashing import sha256_file
 
     if not PREFECT_API_URL.value():

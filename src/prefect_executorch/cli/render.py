@@ -68,7 +68,7 @@ def generated_by(manifest: Any) -> str:
 
 def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     """Where the bundle is, what it runs on and how it validated; fresh build or cache hit; each stage's time."""
-    from prefect_executorch.artifacts.registry import read_manifest
+    from prefect_executorch.artifacts.publishing import read_manifest
     from prefect_executorch.artifacts.urls import open_store
     from prefect_executorch.spec.llm import RUNNER_METADATA
 
@@ -116,7 +116,7 @@ def rows_table(title: str, rows: list[Any]) -> Table:
     from rich import box
     from rich.text import Text
 
-    from prefect_executorch.artifacts.reports import cell
+    from prefect_executorch.tasks.prefect_artifacts import cell
 
     kind = type(rows[0]).__name__ if rows else ""
     columns = _COLUMNS.get(kind) or [(name, name.replace("_", " ")) for name in (type(rows[0]).model_fields if rows else [])]

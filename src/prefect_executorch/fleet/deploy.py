@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel
 
 from prefect_executorch.errors import DeployFailed, SpecError
-from prefect_executorch.fleet.placement import DEFAULT_QUEUE, GPU_ARCHS, channel_of_pool, install_command
+from prefect_executorch.fleet.placement import DEFAULT_QUEUE, GPU_ARCHS, channel_of_pool, pool_install_command
 
 
 class PoolPlan(BaseModel):
@@ -31,7 +31,7 @@ def pool_template(pool: str) -> dict[str, Any]:
     if channel:
         properties = template["variables"]["properties"]
         properties["cuda_channel"]["default"] = channel
-        properties["install"]["default"] = install_command(channel)
+        properties["install"]["default"] = pool_install_command(channel)
     return template
 
 

@@ -27,7 +27,7 @@ GPU_ARCHS = ("sm80", "sm90", "sm100")
 _CHANNEL_RE = re.compile(r"^cu\d{3}$")
 _GPU_POOL_RE = re.compile(r"^gpu-(cu\d{3})$")
 
-def install_command(channel: str) -> str:
+def pool_install_command(channel: str) -> str:
     """What a GPU pool of ``channel`` installs: the backend page's nightly line for that channel."""
     return tensorrt_install(channel, "nightly")
 

@@ -26,7 +26,7 @@ from prefect.utilities.engine import propose_state
 from prefect.workers.process import ProcessJobConfiguration, ProcessVariables, ProcessWorker, ProcessWorkerResult
 from pydantic import Field
 
-from prefect_executorch.fleet.gpus import GPU_ENV, ensure_gpu_limits
+from prefect_executorch.fleet.gpu_slots import GPU_ENV, ensure_gpu_limits
 from prefect_executorch.fleet.placement import Decision, describe_run, route
 from prefect_executorch.machine.toolchain import Toolchain, probe_isolated
 from prefect_executorch.settings import WorkerSettings, read_settings

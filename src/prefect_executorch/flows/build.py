@@ -7,7 +7,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.blocks.core import Block
 
-from prefect_executorch.artifacts.registry import BundleRef
+from prefect_executorch.artifacts.publishing import BundleRef
 from prefect_executorch.fleet.placement import Placement
 from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.buildspec import BuildSpec

@@ -8,7 +8,7 @@ from prefect.runtime import deployment
 from prefect.states import Failed, State
 from prefect.utilities.annotations import quote
 
-from prefect_executorch.artifacts.registry import BundleRef
+from prefect_executorch.artifacts.publishing import BundleRef
 from prefect_executorch.fleet.placement import MatrixCell
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.spec.buildspec import BuildSpec

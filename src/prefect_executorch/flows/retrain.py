@@ -9,7 +9,7 @@ from prefect import flow
 from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import PromotionRequest
 from prefect_executorch.fleet.placement import MatrixCell
-from prefect_executorch.fleet.retrain import parse_request, promotion_aliases
+from prefect_executorch.fleet.retrain_event import parse_request, promotion_aliases
 from prefect_executorch.flows.matrix import build_matrix
 from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.buildspec import BuildSpec
@@ -35,7 +35,7 @@ def retrain(
 ) -> list[AliasRecord]:
     """Fetch ``weights_uri``, build ``spec`` with it for every target, then move ``alias`` to the new bundles.
 
-    The parameters are the ``model.retrain.requested`` payload (see ``prefect_executorch.fleet.retrain``)
+    The parameters are the ``model.retrain.requested`` payload (see ``prefect_executorch.fleet.retrain_event``)
     plus the deployment's spec, targets and store. The version defaults to
     ``<spec version>-<sha256[:12]>`` of the weights, so a repeated request rebuilds nothing.
     Nothing is promoted unless every build validated and published; each bundle moves

@@ -60,7 +60,7 @@ class CpuTarget(Target):
         return needed
 
     def runtime_operators(self) -> set[str] | None:
-        from prefect_executorch.machine.runtimes import runtime_extension
+        from prefect_executorch.machine.runtime_extension import runtime_extension
 
         return set(runtime_extension()._get_operator_names())
 

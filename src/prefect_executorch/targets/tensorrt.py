@@ -467,7 +467,7 @@ def activate_delegate_runtime() -> None:
     registers it through ``activate()`` instead. Both are handled (``gpu.activate_runtime_wheel``).
     """
     from prefect_executorch.machine.hostprobe import local_cuda_channel
-    from prefect_executorch.machine.runtimes import backend_install_hint
+    from prefect_executorch.machine.runtime_extension import backend_install_hint
 
     channel = local_cuda_channel()
     stack: Stack = "nightly" if ".dev" in importlib.metadata.version("torch") else "release"

@@ -8,12 +8,11 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.manifest import BundleKey
+from prefect_executorch.artifacts.publishing import BundleRef
 from prefect_executorch.artifacts.rebuild import PublishedBuild, check_rebuild
-from prefect_executorch.artifacts.registry import BundleRef
-from prefect_executorch.artifacts.reports import publish_bundle_link, publish_failure_summary
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.errors import PrefectExecutorchError
-from prefect_executorch.fleet.gpus import gpu_slot
+from prefect_executorch.fleet.gpu_slots import gpu_slot
 from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.targets import needs_cuda
@@ -21,6 +20,7 @@ from prefect_executorch.tasks.cache import BuildCachePolicy
 from prefect_executorch.tasks.events import EXPORT_FAILED, VALIDATION_FAILED, emit_bundle_event, emit_reused
 from prefect_executorch.tasks.export import export_model
 from prefect_executorch.tasks.failures import keep_child_output
+from prefect_executorch.tasks.prefect_artifacts import publish_bundle_link, publish_failure_summary
 from prefect_executorch.tasks.publish import publish_bundle
 from prefect_executorch.tasks.validate import validate_export
 

@@ -22,11 +22,11 @@ from prefect.exceptions import PrefectHTTPStatusError
 from prefect.runtime import flow_run as this_run
 from prefect.states import State
 
-from prefect_executorch.artifacts.registry import BundleRef
-from prefect_executorch.artifacts.reports import artifact_key, format_row
+from prefect_executorch.artifacts.publishing import BundleRef
 from prefect_executorch.errors import BuildFailed
 from prefect_executorch.fleet.placement import MatrixCell
 from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.tasks.prefect_artifacts import artifact_key, format_row
 
 #: Flow name of ``build_bundle``; its deployments are named after their pool (``build-bundle/gpu-cu132``).
 BUILD_FLOW = "build-bundle"

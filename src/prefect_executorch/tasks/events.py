@@ -15,7 +15,7 @@ from prefect.events import emit_event
 
 from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.manifest import BundleKey
-from prefect_executorch.artifacts.registry import BundleRef
+from prefect_executorch.artifacts.publishing import BundleRef
 
 PREFIX = "prefect-executorch"
 PUBLISHED = f"{PREFIX}.bundle.published"

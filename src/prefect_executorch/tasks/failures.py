@@ -8,9 +8,9 @@ import re
 from prefect.artifacts import create_markdown_artifact
 
 from prefect_executorch import errors
-from prefect_executorch.artifacts.reports import artifact_key
 from prefect_executorch.errors import PrefectExecutorchError
 from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.tasks.prefect_artifacts import artifact_key
 
 #: Prefect's loggers of task and flow runs, which log a failed run's exception with its traceback.
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")

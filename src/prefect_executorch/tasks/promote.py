@@ -8,12 +8,12 @@ from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
-from prefect_executorch.artifacts.reports import publish_promotion_artifact, publish_refusal_artifact
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.errors import PromotionRefused
 from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.tasks.assets import record_alias
 from prefect_executorch.tasks.events import emit_promoted
+from prefect_executorch.tasks.prefect_artifacts import publish_promotion_artifact, publish_refusal_artifact
 
 if TYPE_CHECKING:
     from prefect.blocks.core import Block

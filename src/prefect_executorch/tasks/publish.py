@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task
 
-from prefect_executorch.artifacts.registry import BundleRef, prepare_bundle, publish
-from prefect_executorch.artifacts.reports import publish_build_summary, publish_bundle_link
+from prefect_executorch.artifacts.publishing import BundleRef, prepare_bundle, publish
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.export.fingerprint import BuildFingerprint
@@ -17,6 +16,7 @@ from prefect_executorch.progress import stage
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.assets import record_bundle
 from prefect_executorch.tasks.events import PUBLISHED, emit_bundle_event
+from prefect_executorch.tasks.prefect_artifacts import publish_build_summary, publish_bundle_link
 from prefect_executorch.tasks.retries import retry_transient
 from prefect_executorch.validate.report import ValidationReport
 

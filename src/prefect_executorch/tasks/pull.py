@@ -10,7 +10,7 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.catalog import AUTO, Resolved, resolve
 from prefect_executorch.artifacts.locate import pull_fresh, resolve_published
 from prefect_executorch.artifacts.manifest import MANIFEST_FILE, Manifest
-from prefect_executorch.artifacts.registry import pull
+from prefect_executorch.artifacts.publishing import pull
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.machine.toolchain import Toolchain

@@ -7,12 +7,12 @@ from pathlib import Path
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.manifest import Manifest
-from prefect_executorch.artifacts.reports import publish_triage_artifact, publish_validation_artifacts
 from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.progress import stage
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE
 from prefect_executorch.targets.delegation import DelegationFacts
+from prefect_executorch.tasks.prefect_artifacts import publish_triage_artifact, publish_validation_artifacts
 from prefect_executorch.validate.bundled import (
     BUNDLED_FILE,
     method_cases,

@@ -16,10 +16,10 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
-from prefect_executorch.machine.runtimes import runtime_extension
+from prefect_executorch.machine.runtime_extension import runtime_extension
 from prefect_executorch.targets import get_target
+from prefect_executorch.validate.loaded_program import describe_runtime_error
 from prefect_executorch.validate.report import ValidationReport
-from prefect_executorch.validate.runtime import describe_runtime_error
 
 if TYPE_CHECKING:
     import torch

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from pydantic import BaseModel, Field
 
 from prefect_executorch.export.quantize import build_facts
-from prefect_executorch.machine.runtimes import runtime_extension
+from prefect_executorch.machine.runtime_extension import runtime_extension
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.causal_lm import (
     check_prompt_lengths,
@@ -28,6 +28,7 @@ from prefect_executorch.spec.causal_lm import (
 )
 from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.targets import get_target
+from prefect_executorch.validate.loaded_program import LoadedProgram
 from prefect_executorch.validate.report import (
     GateResult,
     GenerationCase,
@@ -36,7 +37,6 @@ from prefect_executorch.validate.report import (
     TeacherForced,
     ValidationReport,
 )
-from prefect_executorch.validate.runtime import LoadedProgram
 
 if TYPE_CHECKING:
     import torch

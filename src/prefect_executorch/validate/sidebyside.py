@@ -22,7 +22,7 @@ from prefect_executorch.spec.inputs import random_inputs, shape_points
 from prefect_executorch.targets import get_target, needs_cuda
 from prefect_executorch.validate.compare import compare_outputs
 from prefect_executorch.validate.latency import LatencyStats, measure_together
-from prefect_executorch.validate.runtime import LoadedProgram
+from prefect_executorch.validate.loaded_program import LoadedProgram
 from prefect_executorch.validate.validator import synchronized
 
 

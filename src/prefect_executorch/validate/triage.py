@@ -118,7 +118,7 @@ def run_with_etdump(pte: Path, data: Path | None, method: str, inputs: tuple[Any
     """Run one method with an ETDump and debug buffer written to ``out_dir``; the reason if the runtime logs nothing."""
     from importlib.metadata import version
 
-    from prefect_executorch.machine.runtimes import runtime_extension
+    from prefect_executorch.machine.runtime_extension import runtime_extension
 
     module = runtime_extension()._load_for_executorch(str(pte), str(data) if data else None, enable_etdump=True,
                                   debug_buffer_size=DEBUG_BUFFER_BYTES)

@@ -26,8 +26,8 @@ from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.validate.bundled import Cases, write_bundled
 from prefect_executorch.validate.compare import compare_outputs, flatten_with_paths
 from prefect_executorch.validate.latency import measure_together
+from prefect_executorch.validate.loaded_program import LoadedProgram
 from prefect_executorch.validate.report import CaseResult, GateResult, LatencyResult, ValidationReport
-from prefect_executorch.validate.runtime import LoadedProgram
 
 if TYPE_CHECKING:
     import torch

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import ToolchainMismatch, ValidationFailed
-from prefect_executorch.machine.runtimes import backend_install_hint, runtime_extension
+from prefect_executorch.machine.runtime_extension import backend_install_hint, runtime_extension
 from prefect_executorch.program import MethodFacts, read_program
 
 if TYPE_CHECKING:

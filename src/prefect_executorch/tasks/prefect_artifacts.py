@@ -16,7 +16,7 @@ from prefect_executorch.validate.triage import TriageReport
 if TYPE_CHECKING:
     from prefect_executorch.artifacts.aliases import AliasRecord
     from prefect_executorch.artifacts.manifest import BundleKey
-    from prefect_executorch.artifacts.registry import BundleRef
+    from prefect_executorch.artifacts.publishing import BundleRef
 
 
 def artifact_key(*parts: str) -> str:
