@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import platform
 import resource
@@ -80,17 +81,27 @@ def interleaved(sides: dict[str, Callable[[int], T]], runs: int) -> dict[str, li
 PLANT_MISS_ENV = "PREFECT_EXECUTORCH_BENCHMARK_PLANT_MISS"
 
 
-def report(name: str, ratio: float, goal: str, figures: dict[str, Any]) -> bool:
-    """Write results/<name>.json and print the closing RESULT line; return whether the goal is met."""
+def report(name: str, ratio: float, goal: str, figures: dict[str, Any], checks: dict[str, bool] | None = None) -> bool:
+    """Write results/<name>.json and print the closing RESULT line; return whether the goal is met and every check
+    (a bound beside the ratio: memory, a validation) passed.
+
+    A smoke run plants the miss in the goal itself (a bound no ratio meets), so the comparison makes the FAIL.
+    """
     op, bound = goal[:2] if goal[1] == "=" else goal[:1], float(goal[2:] if goal[1] == "=" else goal[1:])
-    passed = {"<=": ratio <= bound, ">=": ratio >= bound, "<": ratio < bound, ">": ratio > bound}[op]
     if os.environ.get(PLANT_MISS_ENV) == "1":
-        passed, figures = False, {**figures, "planted_miss": "goal counted as missed (smoke test)"}
+        bound = math.nan  # no ratio compares true with nan, inf included
+        figures = {**figures, "planted_miss": "goal planted as missed: a bound no ratio meets (smoke test)"}
+    met = {"<=": ratio <= bound, ">=": ratio >= bound, "<": ratio < bound, ">": ratio > bound}[op]
+    checks = checks or {}
+    failed = [check for check, ok in checks.items() if not ok]
+    passed = met and not failed
     RESULTS.mkdir(exist_ok=True)
-    payload = {"name": name, "ratio": ratio, "goal": goal, "passed": passed, "figures": figures,
+    payload = {"name": name, "ratio": ratio, "goal": goal, "passed": passed, "checks": checks, "figures": figures,
                "machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2))
     for key, value in figures.items():
         print(f"  {key}: {value}")
+    for check in failed:
+        print(f"  check failed: {check}")
     print(f"RESULT {name} ratio={ratio:.3f} goal={goal} {'PASS' if passed else 'FAIL'}")
     return passed

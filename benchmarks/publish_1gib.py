@@ -170,8 +170,7 @@ def main() -> int:
             "concurrency": settings.max_concurrency,
             **figures,
             "memory bound (concurrency + 1) x part": f"{bound / MiB:.0f} MiB",
-            "memory within bound": ours_rss <= bound,
-        })
+        }, checks={"peak RSS growth within (concurrency + 1) x part": ours_rss <= bound})
         return 0 if passed else 1
     finally:
         if server is not None:
