@@ -122,6 +122,39 @@ def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str],
 
 
 @flow
+def publish_twice(spec_json: str, store: str, output_root: str) -> tuple[BundleRef, BundleRef]:
+    """One build's export and validation published by two attempts, as a retry whose first attempt published and
+    then died would: the same fingerprint both times."""
+    from prefect_executorch.export.fingerprint import build_fingerprint
+    from prefect_executorch.spec.buildspec import BuildSpec
+
+    spec = BuildSpec.model_validate_json(spec_json)
+    toolchain = probe_toolchain()
+    export = export_model(spec, Path(output_root))
+    report = validate_export(spec, export, Path(output_root))
+    inputs = build_fingerprint(spec, toolchain, f"cpu-xnnpack-{os.uname().machine}", store)
+    first = publish_bundle(spec, toolchain, export, report, store, build_inputs=inputs)
+    return first, publish_bundle(spec, toolchain, export, report, store, build_inputs=inputs)
+
+
+def test_a_rerun_that_finds_its_own_bundle_published_succeeds_and_another_build_is_refused(
+        prefect_harness: None, tmp_path: Path) -> None:
+    """An identical build's bundle (the same fingerprint) is this run's own: the second publish returns it as a
+    cache hit, writing nothing; a build of other inputs under the same key is still a conflict."""
+    from prefect_executorch.artifacts.rebuild import identical_build_published
+
+    spec = parse_spec(spec_data("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": SHAPES["mlp"]}]}}))
+    store = LocalStore(tmp_path / "store")
+    first, second = publish_twice(spec.model_dump_json(), str(store.root), str(tmp_path / "out"))
+    assert not first.cache_hit and second.cache_hit
+    assert second.model_copy(update={"cache_hit": False}) == first
+    manifest, _ = read_manifest(store, first.key)
+    assert identical_build_published(store, manifest.model_copy(update={"fingerprint": "0" * 64})) is None
+    with pytest.raises(BundleConflict, match="is already published"):
+        publish(store, store.root / first.key.prefix, manifest.model_copy(update={"fingerprint": "0" * 64}))
+
+
+@flow
 def build_three_at_once(store: str, output_root: str) -> list[tuple[ExportedProgramDir, BundleRef]]:
     """Export, validate and publish three models concurrently in one flow run, sharing one output root."""
     toolchain = probe_toolchain()

@@ -50,6 +50,22 @@ def check_rebuild(spec: BuildSpec, toolchain: Toolchain, compat: str, store: Obj
     )
 
 
+def identical_build_published(store: ObjectStore, manifest: Manifest) -> BundleRef | None:
+    """The bundle published at ``manifest``'s key when a build with its very fingerprint made it (None otherwise).
+
+    A rerun that finds its own bundle there (an attempt that published, then died before it could say so,
+    or its retry's twin) has succeeded: the same build, not a conflict.
+    """
+    key = manifest.key
+    if manifest.fingerprint is None or not store.exists(key.key(MANIFEST_FILE)):
+        return None
+    existing, data = read_manifest(store, key)
+    if existing.fingerprint != manifest.fingerprint:
+        return None
+    return BundleRef(store=store.url, key=key, manifest_key=key.key(MANIFEST_FILE), manifest_sha256=sha256_bytes(data),
+                     cache_hit=True)
+
+
 def _changed_fields(before: Any, after: Any, path: str = "") -> list[str]:
     """Dotted paths of the spec fields whose values differ (``validation.atol``, ``methods.forward.inputs``)."""
     if isinstance(before, dict) and isinstance(after, dict):
