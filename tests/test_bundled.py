@@ -162,3 +162,44 @@ def test_the_cpp_consumer_runs_the_bundles_cases_as_a_cpp_service_would(built: t
     if manifest.data_files:  # the weights left out: ExecuTorch 1.5.1's runtime dies loading the method (seen here)
         with pytest.raises(ValidationFailed, match=r"the consumer was killed by SIGSEGV; a C\+\+ service linking"):
             run_cpp_consumer(bundle, manifest.model_copy(update={"data_files": []}))
+
+
+def _renamed(bundle: Path, manifest: Manifest, name: str, where: Path) -> str:
+    """A copy of ``bundle`` at ``where`` whose program names ``name`` with its last letter changed (length kept)."""
+    import shutil
+
+    shutil.copytree(bundle, where)
+    program = where / manifest.program
+    data = program.read_bytes()
+    renamed = name[:-1] + ("x" if name[-1] != "x" else "y")
+    assert name.encode() in data
+    program.write_bytes(data.replace(name.encode(), renamed.encode(), 1))
+    return renamed
+
+
+def test_a_bundle_whose_backend_the_consumer_lacks_fails_in_cpp_with_one_line(built: tuple[Path, Manifest],
+                                                                              tmp_path: Path) -> None:
+    root, manifest = built
+    missing = _renamed(root / "store" / manifest.key.prefix, manifest, "XnnpackBackend", tmp_path / "broken")
+    with pytest.raises(ValidationFailed) as failed:
+        run_cpp_consumer(tmp_path / "broken", manifest)
+    message = str(failed.value)
+    assert "the program did not load: LOAD ERROR: method " in message and "Error::NotFound" in message, message
+    assert "a backend or data the program needs is not linked or given" in message and missing in message, message
+
+
+def test_a_bundle_whose_operator_the_linked_kernels_lack_fails_in_cpp_with_one_line(tmp_path: Path) -> None:
+    """A portable program (every operator a kernel call) naming an operator no linked kernel library has."""
+    from prefect_executorch.program import read_program
+
+    spec = parse_spec(spec_data("mlp", target="portable", validation={"samples": 1},
+                                methods={"forward": {"inputs": [{"name": "x", "shape": [2, 32]}]}}))
+    ref = build_bundle(spec, store=str(tmp_path / "store"))
+    manifest = verify_bundle_dir(tmp_path / "store" / ref.key.prefix)
+    operator = read_program(tmp_path / "store" / ref.key.prefix / manifest.program)["forward"].operators[0]
+    missing = _renamed(tmp_path / "store" / ref.key.prefix, manifest, operator.split(".")[0], tmp_path / "broken")
+    with pytest.raises(ValidationFailed) as failed:
+        run_cpp_consumer(tmp_path / "broken", manifest)
+    message = str(failed.value)
+    assert "the program did not load: LOAD ERROR: method forward did not load: Error::OperatorMissing" in message, message
+    assert "an operator the linked kernels lack" in message and missing in message, message

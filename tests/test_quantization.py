@@ -205,6 +205,11 @@ def test_a_quantized_bundle_carries_its_cases_and_verifies_them_by_its_own_gates
     assert (method.atol, method.rtol, method.min_cosine, method.max_rel_error) == (None, None, 0.98, 0.2)
     check = run_bundled_cases(bundle, manifest.target, manifest.data_files, facts, scratch_dir=tmp_path)
     assert len(check.results) == 6 and not check.failures
+    # And as a C++ service runs it: ExecuTorch's C++ runtime, the same gates, the libraries the manifest names.
+    from prefect_executorch.validate.cpp_consumer import run_cpp_consumer
+
+    assert run_cpp_consumer(bundle, manifest).cases == 6
+    assert manifest.runtime_hints["cpp_libraries"][:2] == ["libexecutorch", "libexecutorch_backend_xnnpack"]
     # The same cases held to a relative error the 4-bit weights cannot meet: every case fails, by that gate.
     strict = {"forward": method.model_copy(update={"max_rel_error": 1e-6})}
     failed = verify_bundled(bundle, manifest.target, manifest.data_files, strict, scratch_dir=tmp_path)

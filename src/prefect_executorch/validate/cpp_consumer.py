@@ -9,6 +9,7 @@ bundled-program library), and it prints one line per case and a verdict; its exi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -34,6 +35,8 @@ BINARY = "bundle_consumer"
 #: Limits of building the consumer and of one run of it (s).
 BUILD_TIMEOUT_S = 600.0
 RUN_TIMEOUT_S = 600.0
+#: An error line of ExecuTorch's C++ logger: ``E 00:00:00.006159 executorch:method.cpp:85] Backend X is not registered.``
+_RUNTIME_ERROR = re.compile(r"^E [\d:.]+ executorch:[\w./-]+:\d+\] (.+)$")
 #: The consumer's exit statuses (main.cpp).
 EXIT_MISMATCH, EXIT_LOAD, EXIT_CASES = 1, 2, 3
 INSTALL = "install CMake and a C++17 compiler (`apt install cmake g++`, or `pip install cmake` beside a compiler)"
@@ -162,6 +165,8 @@ def run_cpp_consumer(bundle_dir: Path, manifest: Manifest, *, shown_as: Path | N
     first = next((line for line in lines if line.startswith(("MISMATCH", "LOAD ERROR"))), None)
     what = {EXIT_MISMATCH: "a case did not match its expected outputs", EXIT_LOAD: "the program did not load",
             EXIT_CASES: "it could not read the cases"}.get(done.returncode, f"the consumer {describe_exit(done.returncode)}")
+    said = [match[1] for line in done.stderr.splitlines() if (match := _RUNTIME_ERROR.match(line.strip()))]
     raise ValidationFailed(f"ExecuTorch's C++ runtime ran {where}: {what}" + (f": {first}" if first else "")
+                           + (f"; the runtime said: {'; '.join(list(dict.fromkeys(said))[:3])}" if said else "")
                            + "; a C++ service linking these libraries would fail the same way",
                            child_output=(done.stdout + done.stderr)[-4000:])
