@@ -2,12 +2,16 @@
 // of CASES_DIR/cases.txt (written by prefect-executorch from the bundle's model.bpte) and compares each output with
 // the expected one at the bundle's tolerances. One line per case, then a verdict.
 // Exit codes: 0 every case matches, 1 a case mismatched or failed to run, 2 the program or a method did not load,
-// 3 bad arguments or case files.
+// 3 bad arguments or case files. With BUNDLE_CONSUMER_TIME_CALLS=N, each matching case is then called N
+// more times (after one warm call) and a line "time METHOD LABEL p50_us=..." gives the median call.
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -141,6 +145,8 @@ int main(int argc, char** argv) {
     return 3;
   }
   std::vector<std::string> data_files(argv + 3, argv + argc);
+  const char* timing = std::getenv("BUNDLE_CONSUMER_TIME_CALLS");
+  const long time_calls = timing ? std::strtol(timing, nullptr, 10) : 0;
   Module module(argv[1], data_files);
   if (Error loaded = module.load(); loaded != Error::Ok) {
     std::printf("LOAD ERROR: %s did not load: %s (0x%x)\n", argv[1], executorch::runtime::to_string(loaded),
@@ -187,6 +193,18 @@ int main(int argc, char** argv) {
     std::printf("%s %s %s: max abs error %.3g%s%s\n", why.empty() ? "ok" : "MISMATCH", c.method.c_str(),
                 c.label.c_str(), worst, why.empty() ? "" : ": ", why.c_str());
     failed += !why.empty();
+    if (why.empty() && time_calls > 0) {
+      std::vector<double> micros;
+      module.execute(c.method, inputs);  // warm
+      for (long i = 0; i < time_calls; ++i) {
+        auto start = std::chrono::steady_clock::now();
+        auto result = module.execute(c.method, inputs);
+        micros.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count());
+        if (!result.ok()) return 1;
+      }
+      std::sort(micros.begin(), micros.end());
+      std::printf("time %s %s p50_us=%.3f\n", c.method.c_str(), c.label.c_str(), micros[micros.size() / 2]);
+    }
   }
   std::printf("%s: %zu of %zu cases match their expected outputs\n", failed ? "FAILED" : "PASSED",
               cases.size() - failed, cases.size());

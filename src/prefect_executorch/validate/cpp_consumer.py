@@ -18,7 +18,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import ToolchainMismatch, ValidationFailed
 from prefect_executorch.hashing import sha256_bytes
@@ -37,6 +37,8 @@ BUILD_TIMEOUT_S = 600.0
 RUN_TIMEOUT_S = 600.0
 #: An error line of ExecuTorch's C++ logger: ``E 00:00:00.006159 executorch:method.cpp:85] Backend X is not registered.``
 _RUNTIME_ERROR = re.compile(r"^E [\d:.]+ executorch:[\w./-]+:\d+\] (.+)$")
+#: How many calls of each case the consumer times (main.cpp reads it; 0: none).
+TIME_CALLS_ENV = "BUNDLE_CONSUMER_TIME_CALLS"
 #: The consumer's exit statuses (main.cpp).
 EXIT_MISMATCH, EXIT_LOAD, EXIT_CASES = 1, 2, 3
 INSTALL = "install CMake and a C++17 compiler (`apt install cmake g++`, or `pip install cmake` beside a compiler)"
@@ -62,6 +64,8 @@ class CppCheck(BaseModel):
     lines: list[str]
     cases: int
     binary: str
+    p50_us: dict[str, float] = Field(default_factory=dict, description="With timed calls: each case's median call "
+                                     "(key 'METHOD LABEL'), in microseconds.")
 
 
 def cache_root() -> Path:
@@ -139,8 +143,12 @@ def write_cases_in_child(request: dict[str, Any]) -> CasesWritten:
     return CasesWritten(count=write_cases(Path(req.bundle_dir), req.facts, Path(req.out)))
 
 
-def run_cpp_consumer(bundle_dir: Path, manifest: Manifest, *, shown_as: Path | None = None) -> CppCheck:
-    """Run a CPU bundle's own cases through the C++ consumer; ``ValidationFailed`` with its lines if one fails."""
+def run_cpp_consumer(bundle_dir: Path, manifest: Manifest, *, shown_as: Path | None = None,
+                     time_calls: int = 0) -> CppCheck:
+    """Run a CPU bundle's own cases through the C++ consumer; ``ValidationFailed`` with its lines if one fails.
+
+    ``time_calls``: after each case matches, time that many more calls of it in C++ (``CppCheck.p50_us``).
+    """
     where = shown_as or bundle_dir
     facts = manifest.bundled
     if facts is None or facts.file is None:
@@ -156,12 +164,15 @@ def run_cpp_consumer(bundle_dir: Path, manifest: Manifest, *, shown_as: Path | N
         command = [str(binary), str(bundle_dir / manifest.program), str(cases),
                    *(str(bundle_dir / data) for data in manifest.data_files)]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                                  env={**os.environ, TIME_CALLS_ENV: str(time_calls)})
         except subprocess.TimeoutExpired:
             raise ValidationFailed(f"the C++ consumer ran {where}'s cases for over {RUN_TIMEOUT_S:g} s") from None
     lines = done.stdout.splitlines()
     if done.returncode == 0:
-        return CppCheck(lines=lines, cases=count, binary=str(binary))
+        timed = {" ".join(line.split()[1:3]): float(line.rsplit("=", 1)[1]) for line in lines if line.startswith("time ")}
+        return CppCheck(lines=[line for line in lines if not line.startswith("time ")], cases=count, binary=str(binary),
+                        p50_us=timed)
     first = next((line for line in lines if line.startswith(("MISMATCH", "LOAD ERROR"))), None)
     what = {EXIT_MISMATCH: "a case did not match its expected outputs", EXIT_LOAD: "the program did not load",
             EXIT_CASES: "it could not read the cases"}.get(done.returncode, f"the consumer {describe_exit(done.returncode)}")
