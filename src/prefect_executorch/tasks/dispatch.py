@@ -180,6 +180,9 @@ def summarize_matrix(
 ) -> list[BundleRef]:
     """Attach a table of every build; raise ``BuildFailed`` naming each failed one, else return the bundles.
 
+    The columns that fit a 1600 px page come first (build, state, bundle, manifest); why a build was skipped or
+    failed, which can be long (the command that starts a missing worker), comes last.
+
     Pass ``states`` wrapped in ``prefect.utilities.annotations.quote`` so failed ones reach this task;
     ``skipped`` maps the label of each cell left out to why (its row says so; it is no failure).
     """
@@ -187,19 +190,19 @@ def summarize_matrix(
     refs, failures = [], []
     for label, reason in (skipped or {}).items():
         get_run_logger().warning("%s: skipped: %s", label, reason)
-        rows.append(format_row({"build": label, "state": "Skipped", "why": reason, "bundle": None, "manifest": None}))
+        rows.append(format_row({"build": label, "state": "Skipped", "bundle": None, "manifest": None, "why": reason}))
     for cell, state in zip([c for c in cells if c.label not in (skipped or {})], states, strict=True):
         if state.is_completed():
             ref = BundleRef.model_validate(state.result())
             refs.append(ref)
             rows.append(format_row({"build": cell.label, "state": "Cache hit" if ref.cache_hit else "Published",
-                                    "why": None, "bundle": ref.key.prefix,
+                                    "bundle": ref.key.prefix,
                                     # The whole sha256 is in the bundle's own artifact; a prefix tells runs apart.
-                                    "manifest": ref.manifest_sha256[:12]}))
+                                    "manifest": ref.manifest_sha256[:12], "why": None}))
         else:
             failures.append(f"{cell.label}: {state.name}: {state.message}")
-            rows.append(format_row({"build": cell.label, "state": state.name, "why": state.message, "bundle": None,
-                                    "manifest": None}))
+            rows.append(format_row({"build": cell.label, "state": state.name, "bundle": None, "manifest": None,
+                                    "why": state.message}))
     # Keyed per model: the artifact's history is that model's matrices.
     create_table_artifact(rows, key=artifact_key("matrix", spec.name),
                           description=f"Build matrix of {spec.name} {spec.version}")
