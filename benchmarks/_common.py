@@ -31,13 +31,18 @@ def scratch(prefix: str) -> Path:
     return path
 
 
+#: The tree a copy without ``.git`` ran from (a GPU host's copy), as its sender's ``git describe --dirty`` said.
+TREE_ENV = "PREFECT_EXECUTORCH_BENCHMARK_TREE"
+
+
 def _commit() -> str | None:
+    """The tree that ran: ``git describe --always --dirty`` (a full hash; ``-dirty`` when files differ from it)."""
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                              cwd=Path(__file__).parent)
+        done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"], capture_output=True,
+                              text=True, timeout=10, cwd=Path(__file__).parent)
     except OSError:
-        return None
-    return done.stdout.strip() or None
+        done = None
+    return (done.stdout.strip() if done else "") or os.environ.get(TREE_ENV) or None
 
 
 def machine() -> dict[str, Any]:

@@ -37,7 +37,8 @@ def rows(folder: Path) -> list[str]:
         result = json.loads(path.read_text())
         machine = result.get("machine", {})
         load = "/".join(str(x) for x in machine.get("load_average_1_5_15m", [])) or "-"
-        commit = (machine.get("commit") or "-")[:8]
+        tree = machine.get("commit") or "-"
+        commit = tree[:8] + ("-dirty" if tree.endswith("-dirty") else "")
         lines.append(f"| {result['name']} | {result['ratio']:.3g} | {result['goal']} | "
                      f"{'PASS' if result['passed'] else 'FAIL'} | {_spreads(result['figures']) or '-'} | "
                      f"{result['time']} | {load} | {commit} |")
