@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -143,12 +142,13 @@ def _following(path: Path, on_text: Callable[[str], None] | None) -> Iterator[No
         follower.join()
 
 
-def _in_child(command: str, request: RunnerRequest, result: type[Any], what: str, scratch_dir: Path | None,
+def _in_child(command: str, request: RunnerRequest, result: type[Any], what: str, parent: Path | None,
               start: StartMethod | None) -> Any:
-    with tempfile.TemporaryDirectory(prefix="llm-", dir=scratch_dir) as scratch:
+    # ``parent`` (the caller's scratch) when given, else an owned scratch folder: a killed run's is swept.
+    with scratch_dir("llm", parent) as scratch:
         try:
-            return run_isolated(command, request, result, timeout_s=CASES_TIMEOUT_S, scratch_dir=Path(scratch),
-                                what=what, start=start)
+            return run_isolated(command, request, result, timeout_s=CASES_TIMEOUT_S, scratch_dir=scratch, what=what,
+                                start=start)
         except ChildProcessFailed as exc:
-            raise ValidationFailed(f"{exc}; the program did not run through the LLM runner on this machine",
+            raise ValidationFailed(f"{exc}; the program did not generate on this machine",
                                    child_output=exc.child_output) from exc
