@@ -341,7 +341,8 @@ def _interrupt_a_build(work: Path, how: str, status: int, moment: str, delay: fl
     work.mkdir()
     spec = write_spec(work / "spec.json", "hangs")  # its export child never finishes by itself
     marker = f"PREFECT_EXECUTORCH_TEST_MARKER={uuid.uuid4().hex}"
-    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(work / "store"), marker.split("=")[0]: marker.split("=")[1]}
+    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(work / "store"), marker.split("=")[0]: marker.split("=")[1],
+           "PYTHONFAULTHANDLER": "1"}  # a native crash on the way out prints where each thread was (CI once saw -6, silent)
     # Its own process group, as a terminal's foreground job: Ctrl-C reaches every process in it.
     cli = subprocess.Popen([*CLI, "build", str(spec), "--output", str(work / "out")], cwd=work, env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -120,9 +120,3 @@ class DeployFailed(PrefectExecutorchError):
 
 class InvalidProgram(PrefectExecutorchError):
     """A file is not a readable ExecuTorch program (wrong format, truncated)."""
-
-
-class Interrupted(PrefectExecutorchError):
-    """Ctrl-C or SIGTERM: the command stopped, its children with it; the message says what was left."""
-
-    exit_code = 130

@@ -13,15 +13,15 @@ import sys
 import traceback
 import warnings
 from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from prefect_executorch.cli.signals import Stop
+from prefect_executorch.cli.signals import Stop, stopped
 from prefect_executorch.defaults import DEFAULT_STORE
-from prefect_executorch.errors import Interrupted, PrefectExecutorchError
+from prefect_executorch.errors import PrefectExecutorchError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="prefect-executorch: build, validate, inspect and probe ExecuTorch bundles.",
@@ -130,28 +130,10 @@ def handle_errors(function: F) -> F:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            try:
-                return function(*args, **kwargs)
-            except KeyboardInterrupt:
-                raise Interrupted(Stop.note()) from None
-            except BaseException as exc:
-                # A flow run replaces the SIGTERM handler with Prefect's, which raises TerminationSignal instead.
-                termination = getattr(sys.modules.get("prefect.exceptions"), "TerminationSignal", None)
-                if termination is not None and isinstance(exc, termination):
-                    Stop.arm(exc.signal)
-                # Whatever fails after a stop fails because of it (a child that died of the same Ctrl-C, a pipe
-                # closed under a reader: an EOFError click would print as "Aborted!"): the stop is the one line.
-                if Stop.signum is None or isinstance(exc, SystemExit):
-                    raise
-                raise Interrupted(Stop.note()) from None
-        except Interrupted as exc:
-            from prefect_executorch.isolation import stop_forkserver
-
-            stop_forkserver()
-            err_console.print(f"interrupted: {escape(str(exc))}", highlight=False)
-            Stop.said = True
-            raise typer.Exit(Stop.exit_code()) from None
+            return function(*args, **kwargs)
         except PrefectExecutorchError as exc:
+            if Stop.signum is not None:
+                _stop_now()  # a child that died of the same Ctrl-C: the stop is the one line
             if _debug():
                 if exc.child_output:
                     err_console.print(f"--- child stderr (tail) ---\n{exc.child_output}", markup=False, highlight=False)
@@ -161,8 +143,28 @@ def handle_errors(function: F) -> F:
             err_console.print(f"[bold red]{type(exc).__name__}:[/] {escape(_one_message(exc))}", markup=True,
                               highlight=False)
             raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            _stop_now()
+        except BaseException as exc:
+            # A flow run replaces the SIGTERM handler with Prefect's, which raises TerminationSignal instead.
+            termination = getattr(sys.modules.get("prefect.exceptions"), "TerminationSignal", None)
+            if termination is not None and isinstance(exc, termination):
+                Stop.arm(exc.signal)
+            # Whatever fails after a stop fails because of it (a child that died of the same Ctrl-C, a pipe
+            # closed under a reader: an EOFError click would print as "Aborted!"): the stop is the one line.
+            if Stop.signum is None or isinstance(exc, SystemExit):
+                raise
+            _stop_now()
 
     return wrapper  # type: ignore[return-value]
+
+
+def _stop_now() -> NoReturn:
+    """Kill the forkserver (its export child stops computing at once, before the exit hooks run), then ``stopped``."""
+    from prefect_executorch.isolation import stop_forkserver
+
+    stop_forkserver()
+    stopped()
 
 
 @app.callback()

@@ -22,6 +22,6 @@ def run() -> None:
     try:
         app(args)
     except SystemExit:
-        if Stop.signum is None or Stop.said:
+        if Stop.signum is None:
             raise
-        stopped()  # before a command ran (click still reading the line, the callback): typer exits 130 unsaid
+        stopped()  # also before a command ran (click still reading the line, the callback): typer exits 130 unsaid

@@ -8,6 +8,7 @@ unwinding stalls (a request to an API that is busy, a thread that holds exit), w
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import sys
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from prefect_executorch.stopping import LAST_WORDS_S, exit_after, exit_status
+from prefect_executorch.stopping import LAST_WORDS_S, exit_after, exit_status, kill_descendants
 
 #: Seconds from Ctrl-C or SIGTERM to a command's exit, at the latest.
 STOP_DEADLINE_S = 4.0
@@ -57,11 +58,24 @@ class Stop:
 
 
 def stopped() -> NoReturn:
-    """Say what a stop left, unless said, and exit 130 (143 for SIGTERM)."""
+    """Say what a stop left, unless said, and end the process now: 130 (143 for SIGTERM).
+
+    Exit's first two steps run as the interpreter runs them (thread hooks and joins: Prefect's log and event
+    workers send what they hold; then ``atexit``: Prefect's API stops), its teardown does not. A stop lands
+    anywhere, mid-import or with a daemon thread inside native code, and that teardown once killed a stopped
+    build with SIGABRT after its line (CI, under load: exit -6, not 130). What is left running is killed.
+    """
     if not Stop.said:
         print(f"interrupted: {Stop.note()}", file=sys.stderr, flush=True)
         Stop.said = True
-    raise SystemExit(Stop.exit_code())
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx calls first; not in typeshed
+        atexit._run_exitfuncs()
+    finally:
+        kill_descendants()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(Stop.exit_code())
 
 
 def install(args: list[str]) -> None:
