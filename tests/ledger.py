@@ -62,15 +62,17 @@ def _parser_table(write: Callable[[str], None], runs: list[dict[str, Any]]) -> N
 
 def _fault_table(write: Callable[[str], None], faults: list[dict[str, Any]]) -> None:
     width = max(len(f["fault"]) for f in faults)
-    header = f"{'injected':>8} {'survived':>8} {'guarded':>7} {'lost':>5}"
+    header = f"{'injected':>8} {'survived':>8} {'verified':>8} {'lost':>5}"
 
     def counts(some: list[dict[str, Any]]) -> str:
         return " ".join(f"{sum(f[k] for f in some):>{w}}" for k, w in
-                        (("injected", 8), ("survived", 8), ("guarded", 7), ("lost", 5)))
+                        (("injected", 8), ("survived", 8), ("verified", 8), ("lost", 5)))
 
     write("")
-    write("reliability summary (counted by each test: survived = ended in a typed error or a clean retry; "
-          "guarded = bundles published before the fault, pulled and verified after it; lost = those that failed)")
+    write("reliability summary (counted by each test: survived = ended in a typed error or a clean retry, in a test "
+          "whose later checks passed too; "
+          "verified = bundles in the store after the fault (published before it, a race's winners, restored bytes), "
+          "pulled and verified after it; lost = those of them that failed)")
     write(f"{'area':<12} {'fault':<{width}} {header}")
     for f in faults:
         write(f"{f['area']:<12} {f['fault']:<{width}} {counts([f])}")

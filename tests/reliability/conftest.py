@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,21 +54,22 @@ def real_bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[
 class Fault:
     """One kind of injected fault and what its test observed: each count is made by the test, none assumed.
 
-    ``survived``: injected faults whose operation ended as it must (a typed error, or a clean retry);
-    ``guarded``: bundles published before the fault, pulled and verified after it; ``lost``: those that
-    no longer pull and verify.
+    ``survived``: injected faults whose operation ended as it must (a typed error, or a clean retry), in a
+    test whose later checks of what the faults left (nothing written, a 403, the retry's bytes) passed too; ``verified``: bundles in the store after the fault
+    (published before it, a race's winners, restored bytes), pulled and verified after it; ``lost``: those
+    of them that no longer pull and verify.
     """
 
     area: str
     fault: str
     injected: int = 0
     survived: int = 0
-    guarded: int = 0
+    verified: int = 0
     lost: int = 0
 
     @contextmanager
     def expect(self, error: type[BaseException] | tuple[type[BaseException], ...], match: str | None = None) -> Iterator[Any]:
-        """Inject one fault here, whose operation must end in ``error``; counted survived when it does."""
+        """Inject one fault here, whose operation must end in ``error``; counted survived when it does (see ``settle``)."""
         self.injected += 1
         with pytest.raises(error, match=match) as info:
             yield info
@@ -79,10 +80,15 @@ class Fault:
         self.injected += injected
         self.survived += survived
 
+    def settle(self, test_passed: bool) -> None:
+        """The test's end: survivals stand only where every check after the faults passed too (else none do)."""
+        if not test_passed:
+            self.survived = 0
+
     def check_intact(self, store: ObjectStore, keys: list[BundleKey], scratch: Path) -> None:
-        """Pull and verify each bundle that was published before the fault; count those that no longer do."""
+        """Pull and verify each bundle in the store after the fault; count those that no longer do."""
         for key in keys:
-            self.guarded += 1
+            self.verified += 1
             dest = scratch / f"intact-{uuid.uuid4().hex[:8]}"
             try:
                 pull(store, key, dest)
@@ -91,14 +97,22 @@ class Fault:
                 self.lost += 1
 
 
+#: Whether a test's call phase passed, for its ``faults`` to settle on at teardown.
+CALL_PASSED = pytest.StashKey[bool]()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.when == "call":
+        item.stash[CALL_PASSED] = report.passed
+    return report
 
 
 @pytest.fixture
-def faults() -> Iterator[Callable[..., Fault]]:
-    """Start the ledger of one kind of fault; its row reaches the summary whatever the test's outcome
-    (not when ``planted``: the ledger's own checks plant losses, which are no fault of the product's)."""
+def faults(request: pytest.FixtureRequest) -> Iterator[Callable[..., Fault]]:
+    """Start the ledger of one kind of fault; its row reaches the summary whatever the test's outcome, settled on
+    it (not when ``planted``: the ledger's own checks plant losses, which are no fault of the product's)."""
     started: list[Fault] = []
 
     def start(area: str, fault: str, planted: bool = False) -> Fault:
@@ -109,6 +123,7 @@ def faults() -> Iterator[Callable[..., Fault]]:
 
     yield start
     for entry in started:
+        entry.settle(request.node.stash.get(CALL_PASSED, False))
         ledger.append(ledger.FAULTS, asdict(entry))
 
 

@@ -118,7 +118,7 @@ def test_concurrent_promotions_one_winner_per_round(real_bundle: Callable[[str],
     assert all(h.previous is not None and h.previous.version == p.version for p, h in zip(history, history[1:], strict=False))
     fault.check_intact(any_store, [key for key in list_bundles(any_store, "convnet") if key.version in versions],
                        tmp_path / "after")
-    assert fault.guarded == len(versions) and fault.lost == 0
+    assert fault.verified == len(versions) and fault.lost == 0
 
 
 @flow
