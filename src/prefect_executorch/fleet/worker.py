@@ -231,8 +231,11 @@ class ExecutorchWorker(ProcessWorker):
             flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])),
             task_run_filter=TaskRunFilter(state=TaskRunFilterState(
                 type=TaskRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING]))))
+        # A task run that never ran has run count 0 (the server sets it on Running): created before the retry ran,
+        # it is this attempt's. Read after the task runs, a run count still this attempt's says no retry had any.
+        no_retry_yet = (await self.client.read_flow_run(flow_run.id)).run_count == attempt
         for task_run in left:
-            if task_run.flow_run_run_count == attempt:
+            if task_run.flow_run_run_count == attempt or (task_run.flow_run_run_count == 0 and no_retry_yet):
                 await self.client.set_task_run_state(
                     task_run.id, Crashed(message="its flow-run process died while it ran"), force=True)
 
