@@ -566,6 +566,12 @@ def test_a_failed_validation_notifies_the_configured_block(fleet: Fleet, tmp_pat
         assert "\n" not in failed.state.message  # the one-line cause the CLI prints
         from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
+        # Its process sends the last of its logs as it exits, after the final state: read them once it is gone
+        # (read at once, CI once found none).
+        deadline = time.monotonic() + 60
+        while _alive(_pid(failed)):
+            assert time.monotonic() < deadline, "the failed build's process did not exit within 60 s"
+            time.sleep(0.2)
         with _client(fleet) as client:
             logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[failed.id])))
         errors = [log.message for log in logs if log.level >= 40]
