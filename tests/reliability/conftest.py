@@ -55,9 +55,9 @@ class Fault:
     """One kind of injected fault and what its test observed: each count is made by the test, none assumed.
 
     ``survived``: injected faults whose operation ended as it must (a typed error, or a clean retry), in a
-    test whose later checks of what the faults left (nothing written, a 403, the retry's bytes) passed too; ``verified``: bundles in the store after the fault
-    (published before it, a race's winners, restored bytes), pulled and verified after it; ``lost``: those
-    of them that no longer pull and verify.
+    test whose later checks of what the faults left (nothing written, a 403, the retry's bytes) passed too;
+    ``verified``: bundles in the store after the fault (published before it, a race's winners, restored
+    bytes), pulled and verified after it; ``lost``: those of them that no longer pull and verify.
     """
 
     area: str
