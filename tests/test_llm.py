@@ -173,15 +173,14 @@ def test_a_program_whose_generation_departs_from_eager_is_refused(built_llama: P
 
 
 def test_a_quantized_build_passes_its_gates_at_a_fraction_of_the_size_and_tighter_gates_refuse_it(
-    models: Path, tmp_path: Path,
+    models: Path, built_llama: Path, tmp_path: Path,
 ) -> None:
     """int8da4w linears (torchao, as ExecuTorch's LLM recipes) and int4 embeddings (ExecuTorch's quantized embedding
     kernel, which the runner finds registered): judged by teacher-forced agreement and perplexity, at most 0.3x the
-    float program's size."""
+    float program's size (the user's Llama build: the same configuration, other weights)."""
     spec = parse_spec({"name": "tiny", "version": "1", "model": str(models / "llama-trained"), "llm": LLM,
                        "quantization": {"scheme": "int8da4w", "embeddings": "int4"}})
     export, report = export_and_validate(spec, tmp_path / "q")
-    float_export = export_program(llm_spec(models / "llama-trained"), tmp_path / "f")
     generation = report.generation
     assert report.passed, report.describe_worst()
     assert generation is not None and not generation.exact and report.quantization is not None
@@ -193,7 +192,8 @@ def test_a_quantized_build_passes_its_gates_at_a_fraction_of_the_size_and_tighte
     agreement, ratio = generation.top1_agreement(), generation.perplexity_ratio()
     assert agreement is not None and agreement >= 0.9 and ratio is not None and 1 / 1.2 <= ratio <= 1.2
     assert [gate.gate for gate in report.gates] == ["min_top1_agreement", "max_perplexity_ratio"]
-    size, float_size = ((e.path / "model.pte").stat().st_size for e in (export, float_export))
+    assert (models / "llama-trained" / "config.json").read_text() == (models / "llama" / "config.json").read_text()
+    size, float_size = (export.path / "model.pte").stat().st_size, (built_llama / "pulled" / "model.pte").stat().st_size
     assert size <= 0.3 * float_size, (size, float_size)
     tighter = spec.model_copy(update={"llm": spec.llm.model_copy(update={"max_perplexity_ratio": 1.0,  # type: ignore[union-attr]
                                                                          "min_top1_agreement": 1.0})})

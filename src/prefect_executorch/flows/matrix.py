@@ -16,6 +16,7 @@ from prefect_executorch.tasks.dispatch import (
     QUEUE_WAIT_S,
     MissingPoolPolicy,
     dispatch_build,
+    dispatches_stop_with_the_flow,
     live_pools,
     missing_worker,
     summarize_matrix,
@@ -59,8 +60,9 @@ def build_matrix(
                 skipped[cell.label] = missing_worker(cell)
             else:
                 refused[cell.label] = Failed(message=missing_worker(cell))
-        for future in sent.values():
-            future.wait()
+        with dispatches_stop_with_the_flow():
+            for future in sent.values():
+                future.wait()
         states = [refused[cell.label] if cell.label in refused else sent[cell.label].state
                   for cell in targets if cell.label not in skipped]
     else:

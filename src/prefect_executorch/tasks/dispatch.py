@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from prefect import get_client, get_run_logger, task
@@ -42,6 +45,31 @@ RETRY_CRASHED_TAG = "retry-crashed"
 CRASH_RETRY_GRACE_S = 30.0
 #: How often a matrix reads the state of the builds it waits on.
 POLL_S = 2.0
+
+#: Per attempt of a matrix flow run, set once the flow stops waiting for its dispatches. Prefect's thread-pool task
+#: runner joins its task threads when a flow ends, so a dispatch still polling its build would keep a cancelled
+#: or SIGTERMed matrix alive until Prefect's SIGKILL 30 s later, with none of its own cleanup run. Kept after they
+#: are set (one small object per attempt): a dispatch thread that starts late must still find its attempt's set.
+_flow_stopping: dict[str, threading.Event] = {}
+
+
+def _stopping_event() -> threading.Event:
+    """This flow run attempt's stop event (a fresh one outside a flow run, which nothing sets)."""
+    run_id = this_run.get_id()
+    if run_id is None:
+        return threading.Event()
+    return _flow_stopping.setdefault(f"{run_id}:{this_run.get_run_count()}", threading.Event())
+
+
+@contextmanager
+def dispatches_stop_with_the_flow() -> Iterator[None]:
+    """Around a flow's wait for its ``dispatch_build`` futures: however that wait ends (done, cancelled, SIGTERM),
+    the dispatches stop polling at once, so the flow run's process can exit."""
+    stopping = _stopping_event()
+    try:
+        yield
+    finally:
+        stopping.set()
 
 
 @task(name="find-live-pools")
@@ -88,8 +116,9 @@ def will_be_retried(run: FlowRun) -> bool:
     return RETRY_CRASHED_TAG in run.tags and run.run_count <= 1
 
 
-def wait_for_build(client: SyncPrefectClient, run: FlowRun, timeout: float) -> FlowRun:
-    """Read ``run`` until it is final, or ``timeout`` passed; a crash the retry automation reruns is waited through."""
+def wait_for_build(client: SyncPrefectClient, run: FlowRun, timeout: float, stopping: threading.Event) -> FlowRun:
+    """Read ``run`` until it is final, ``timeout`` passed or ``stopping`` is set; a crash the retry automation reruns
+    is waited through."""
     deadline = time.monotonic() + timeout
     crashed_at: float | None = None
     while True:
@@ -105,7 +134,8 @@ def wait_for_build(client: SyncPrefectClient, run: FlowRun, timeout: float) -> F
             crashed_at = None
             if time.monotonic() > deadline:
                 return run
-        time.sleep(POLL_S)
+        if stopping.wait(POLL_S):
+            return run
 
 
 def earlier_attempt(client: SyncPrefectClient, deployment_id: Any, cell: MatrixCell) -> FlowRun | None:
@@ -144,6 +174,7 @@ def dispatch_build(
     second run; a matrix that is itself rerun takes over the builds its first run sent.
     """
     deployment = f"{BUILD_FLOW}/{cell.placement.pool}"
+    stopping = _stopping_event()
     with get_client(sync_client=True) as client:
         sent = earlier_attempt(client, client.read_deployment_by_name(deployment).id, cell)
         if sent is not None:
@@ -157,9 +188,13 @@ def dispatch_build(
                 timeout=0,
             )
         assert sent is not None
-        flow_run = wait_for_build(client, sent, spec.export_timeout_s + spec.validation.timeout_s + queue_wait_s)
+        flow_run = wait_for_build(client, sent, spec.export_timeout_s + spec.validation.timeout_s + queue_wait_s,
+                                  stopping)
     state = flow_run.state
     where = f"{deployment} (queue {cell.placement.queue}, flow run {flow_run.name})"
+    if stopping.is_set() and (state is None or not state.is_final()):
+        raise BuildFailed(f"{cell.label}: the matrix stopped while {where} was {state.name if state else 'unscheduled'}"
+                          "; a rerun of the matrix takes it over, a cancelled matrix's builds are cancelled with it")
     if state is None or not state.is_final():
         raise BuildFailed(
             f"{cell.label}: {where} is still {state.name if state else 'unscheduled'}; start a worker with "
