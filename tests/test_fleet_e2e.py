@@ -399,13 +399,25 @@ def test_a_killed_build_runs_again_exactly_once_and_its_matrix_completes(fleet: 
         # The killed attempts' build folders were swept (a staging promotion started by a publish may still run).
         assert not list((fleet.home / "tmp").glob("prefect-executorch-build-*")), "a scratch directory outlived its run"
         # One line per build in the worker terminals: what it builds and how it ended.
-        said = "".join((fleet.home / f"{name}.log").read_text(errors="replace") for name in ("worker-cpu", "worker-cpu-2"))
-        assert re.search(r"picked up small-convnet crash-retry xnnpack \(build-small-convnet-crash-retry-xnnpack", said)
-        assert re.search(r"finished small-convnet crash-retry xnnpack \(.*\): Crashed in \d+ s", said), said[-3000:]
-        assert re.search(r"finished small-convnet crash-retry portable \(.*\): Completed in \d+ s", said)
+        _workers_say(fleet, ("worker-cpu", "worker-cpu-2"), (
+            r"picked up small-convnet crash-retry xnnpack \(build-small-convnet-crash-retry-xnnpack",
+            r"finished small-convnet crash-retry xnnpack \(.*\): Crashed in \d+ s",
+            r"finished small-convnet crash-retry portable \(.*\): Completed in \d+ s"))
     finally:
         second.send_signal(signal.SIGTERM)
         second.wait(30)
+
+
+def _workers_say(fleet: Fleet, names: tuple[str, ...], patterns: tuple[str, ...], timeout: float = 60) -> None:
+    """Wait until the terminals of the workers ``names`` hold a line for each pattern. A run's "finished" line comes
+    once its process has exited: after its final state, and so its matrix's, may have reached the server."""
+    deadline = time.monotonic() + timeout
+    while True:
+        said = "".join((fleet.home / f"{name}.log").read_text(errors="replace") for name in names)
+        if not (missing := [pattern for pattern in patterns if not re.search(pattern, said)]):
+            return
+        assert time.monotonic() < deadline, f"the workers never said {missing}:\n{said[-3000:]}"
+        time.sleep(0.5)
 
 
 def _worker_names(fleet: Fleet, pool: str, count: int, timeout: float = 120) -> list[str]:
