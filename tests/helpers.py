@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,16 @@ MODELS = TESTS / "models.py"
 #: What must stay out of the CLI's normal output: third-party notes (torchao, torch's _pytree, ExecuTorch's
 #: cpuinfo) and Prefect's engine logs of a failed task or flow.
 CLI_NOISE = ("Failed to load", "_pytree", "cpuinfo", "Traceback", "Encountered exception", "Finished in state")
+
+
+def settled(read: Callable[[], Any], until: Callable[[Any], bool] = lambda value: not value, timeout: float = 15) -> Any:
+    """``read()`` once ``until`` holds for it (by default: empty, such as nothing left running), or its last value
+    after ``timeout`` s. For what another process does after the moment a test observed (a killed child reaped, a
+    log line sent), so that the assertion after it judges the settled value."""
+    deadline = time.monotonic() + timeout
+    while not until(value := read()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return value
 
 
 @contextmanager

@@ -21,6 +21,8 @@ from prefect_executorch.spec.modelref import load_model, method_callable
 from prefect_executorch.validate.loaded_program import LoadedProgram
 from prefect_executorch.validate.report import ValidationReport
 
+from helpers import settled
+
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 DYNAMIC_IMAGE = {"forward": {"inputs": [
@@ -160,7 +162,9 @@ def test_a_failed_build_reads_as_one_error_line_with_the_childs_output_beside_it
     run_id = state.state_details.flow_run_id
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(run_id)
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        # The flush waits 5 s at most for the logs to reach the server.
+        logs = settled(lambda: client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id]))),
+                       until=lambda logs: any(log.level >= 40 for log in logs))
         (artifact,) = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["child-output-aborts-xnnpack"]),
                                            flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])))

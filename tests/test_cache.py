@@ -17,7 +17,7 @@ from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.machine.toolchain import Toolchain, probe
 from prefect_executorch.spec.buildspec import BuildSpec
 
-from helpers import MODELS
+from helpers import MODELS, settled
 
 
 def _task_states(flow_run_id: UUID) -> dict[str, str]:
@@ -25,7 +25,9 @@ def _task_states(flow_run_id: UUID) -> dict[str, str]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+        # Task runs are recorded from the events the flow's process sends: they may trail its return.
+        runs = settled(lambda: client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))),
+                       until=lambda runs: bool(runs) and all(run.state and run.state.is_final() for run in runs))
     return {run.name.rsplit("-", 1)[0]: run.state.name for run in runs if run.state}
 
 
