@@ -151,9 +151,9 @@ def test_a_crashing_child_is_a_validation_failure_and_the_caller_lives(published
 
 def test_a_hanging_child_times_out(published, tmp_path: Path) -> None:
     spec, store, key = published
-    hanging = mixed_spec(timeout_s=12, methods={"forward": {"dataset": f"{MODELS}:sleepy_dataset"}})
+    hanging = mixed_spec(timeout_s=5, methods={"forward": {"dataset": f"{MODELS}:sleepy_dataset"}})
     started = time.monotonic()
-    with pytest.raises(ValidationFailed, match="timed out after 12 s and was killed"):
+    with pytest.raises(ValidationFailed, match="timed out after 5 s and was killed"):
         validate_program(hanging, store.root / key.prefix, ["model.ptd"], scratch_dir=tmp_path)
     assert time.monotonic() - started < 40
     assert [p.name for p in tmp_path.iterdir()] == []  # the child's scratch files are gone too

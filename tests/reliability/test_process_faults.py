@@ -21,7 +21,7 @@ def _nothing_left(out: Path) -> bool:
     [
         ("kills_itself", {}, "was killed by SIGKILL"),
         ("aborts", {}, "was killed by SIGABRT"),
-        ("hangs", {"export_timeout_s": 15}, "timed out after 15 s and was killed"),
+        ("hangs", {"export_timeout_s": 5}, "timed out after 5 s and was killed"),
         ("allocates_too_much", {"export_memory_limit_mib": 6144}, "ran out of memory (memory limit 6144 MiB)"),
     ],
 )
