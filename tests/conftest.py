@@ -4,12 +4,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-
-# Two test processes share CI's two cores, and the builds they start run torch and XNNPACK beside them: one OpenMP
-# thread a process spends less CPU spinning in oversubscribed parallel regions (8% less busy CPU for the LLM and
-# bundled-case files, measured beside each other). Read once torch loads, so set before anything imports it; the
-# product's own default (a thread a core) is what users get.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +26,11 @@ if settings.default.derandomize:
     assert hasattr(providers, "_get_local_constants"), "Hypothesis moved _get_local_constants: see tests/conftest.py"
     providers._get_local_constants = lambda: providers._local_constants
 
+# Two test processes share CI's two cores, and the builds they start run torch and XNNPACK beside them: one OpenMP
+# thread a process spends less CPU spinning in oversubscribed parallel regions (8% less busy CPU for the LLM and
+# bundled-case files, measured beside each other). Read once torch loads, so set before anything imports it (the
+# first is prefect_executorch below); the product's own default (a thread a core) is what users get.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_HOME", tempfile.mkdtemp(prefix="prefect-executorch-tests-home-"))

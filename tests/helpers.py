@@ -19,13 +19,14 @@ MODELS = TESTS / "models.py"
 CLI_NOISE = ("Failed to load", "_pytree", "cpuinfo", "Traceback", "Encountered exception", "Finished in state")
 
 
-def settled(read: Callable[[], Any], until: Callable[[Any], bool] = lambda value: not value, timeout: float = 15) -> Any:
+def settled(read: Callable[[], Any], until: Callable[[Any], bool] = lambda value: not value, timeout: float = 15,
+            interval: float = 0.2) -> Any:
     """``read()`` once ``until`` holds for it (by default: empty, such as nothing left running), or its last value
-    after ``timeout`` s. For what another process does after the moment a test observed (a killed child reaped, a
-    log line sent), so that the assertion after it judges the settled value."""
+    after ``timeout`` s, read every ``interval`` s. For what another process does after the moment a test observed
+    (a killed child reaped, a log line sent), so that the assertion after it judges the settled value."""
     deadline = time.monotonic() + timeout
     while not until(value := read()) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(interval)
     return value
 
 

@@ -413,13 +413,12 @@ def test_a_killed_build_runs_again_exactly_once_and_its_matrix_completes(fleet: 
 def _workers_say(fleet: Fleet, names: tuple[str, ...], patterns: tuple[str, ...], timeout: float = 60) -> None:
     """Wait until the terminals of the workers ``names`` hold a line for each pattern. A run's "finished" line comes
     once its process has exited: after its final state, and so its matrix's, may have reached the server."""
-    deadline = time.monotonic() + timeout
-    while True:
-        said = "".join((fleet.home / f"{name}.log").read_text(errors="replace") for name in names)
-        if not (missing := [pattern for pattern in patterns if not re.search(pattern, said)]):
-            return
-        assert time.monotonic() < deadline, f"the workers never said {missing}:\n{said[-3000:]}"
-        time.sleep(0.5)
+    def said() -> str:
+        return "".join((fleet.home / f"{name}.log").read_text(errors="replace") for name in names)
+
+    missing = settled(lambda: [pattern for pattern in patterns if not re.search(pattern, said())], timeout=timeout,
+                      interval=0.5)
+    assert not missing, f"the workers never said {missing}:\n{said()[-3000:]}"
 
 
 def _worker_names(fleet: Fleet, pool: str, count: int, timeout: float = 120) -> list[str]:
@@ -472,15 +471,19 @@ def _check_rerun(fleet: Fleet, build: Any, running: Any) -> None:
     assert build.run_count == 2 and build.state.is_completed(), told
     # The worker tidies the dead attempt's task runs once its process has exited, and task runs are recorded from
     # events: either may come after the retry's Completed.
-    deadline = time.monotonic() + 60
-    while True:
-        with _client(fleet) as client:
-            task_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[build.id])))
-        left = [f"{t.name}: {t.state_name} (attempt {t.flow_run_run_count})" for t in task_runs if not t.state.is_final()]
-        killed = next((t for t in task_runs if t.id == running), None)
-        if not left and killed is not None and killed.state.is_crashed() or time.monotonic() > deadline:
-            break
-        time.sleep(1)
+    def killed_of(task_runs: list[Any]) -> Any:
+        return next((t for t in task_runs if t.id == running), None)
+
+    def tidied(task_runs: list[Any]) -> bool:
+        killed = killed_of(task_runs)
+        return killed is not None and killed.state.is_crashed() and all(t.state.is_final() for t in task_runs)
+
+    with _client(fleet) as client:
+        task_runs = settled(
+            lambda: client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[build.id]))),
+            until=tidied, timeout=60, interval=1)
+    left = [f"{t.name}: {t.state_name} (attempt {t.flow_run_run_count})" for t in task_runs if not t.state.is_final()]
+    killed = killed_of(task_runs)
     assert left == [], told
     assert killed is not None, f"the killed attempt's task run {running} is gone"
     assert killed.state.is_crashed() and killed.flow_run_run_count == 1, f"{killed.name}: {killed.state_name}"
@@ -557,13 +560,10 @@ def _runs_of(fleet: Fleet, deployment: str) -> list[Any]:
 def _staging_run(fleet: Fleet, version: str, timeout: float = 240) -> Any:
     """The staging automation's run for the publish of ``version`` (its parameters come from the event), once it
     has Completed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        runs = [r for r in _runs_of(fleet, "promote-bundle/staging") if r.parameters.get("version") == version]
-        if runs and runs[0].state and runs[0].state.is_final():
-            break
-        assert time.monotonic() < deadline, f"no staging run finished for {version}:\n{tail(fleet.home / 'worker-cpu.log')}"
-        time.sleep(1)
+    runs = settled(lambda: [r for r in _runs_of(fleet, "promote-bundle/staging") if r.parameters.get("version") == version],
+                   until=lambda runs: bool(runs) and runs[0].state is not None and runs[0].state.is_final(),
+                   timeout=timeout, interval=1)
+    assert runs and runs[0].state.is_final(), f"no staging run finished for {version}:\n{tail(fleet.home / 'worker-cpu.log')}"
     (run,) = runs
     assert run.state.is_completed(), f"{run.state.message}\n{tail(fleet.home / 'worker-cpu.log')}"
     return run
