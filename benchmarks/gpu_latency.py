@@ -20,18 +20,30 @@ threshold (0: memory handed back at every synchronisation), so the difference is
 ``--profile-calls`` program calls at batch 1 run under ``torch.profiler`` for each pool setting, and the
 events that took most GPU and host time are recorded: where a call's time goes.
 
+``--static`` builds one program per batch size, each exported (and so autotuned) at the size it serves, instead of
+one program with a dynamic batch autotuned at the largest. ``--inductor KEY=VALUE`` (repeatable) sets
+``target.inductor``: one lever of the compile at a time (``coordinate_descent_tuning=true``,
+``max_autotune_gemm_search_space=EXHAUSTIVE``), its export time beside its latency. ``--cuda-graphs`` (with
+``--static``) builds with ``target.cuda_graphs`` and times the same program replayed as a CUDA graph, in a child
+process of its own (the option is the process's, read when a method loads; the child first checks that the runtime
+captured the method and that replayed outputs equal direct ones), beside eager compiled with
+``mode="reduce-overhead"`` (torch.compile's CUDA graphs).
+
 ``--precision bf16`` (or fp16) builds with ``target.precision`` set; eager and ``torch.compile`` then compute
 in that type behind float32 inputs and outputs as the program does (the target's own wrapper).
 
-The last line is ``RESULT gpu_latency ratio=<worst program p50 / eager CUDA p50 at batch 1> goal=<=1.0``:
-the program must be no slower than eager CUDA at batch 1 for every model (the goal the `cuda` target was
-asked to meet; eager CUDA is the baseline a user would otherwise deploy).
+The last line is ``RESULT gpu_latency ratio=<worst program p50 / baseline p50 at batch 1> goal=<=1.0``, the
+baseline being the faster of eager CUDA and ``torch.compile`` (default mode): what a user would otherwise deploy.
+With ``--cuda-graphs`` the replayed program is judged instead, against the fastest of those and
+``torch.compile(mode="reduce-overhead")``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,13 +71,27 @@ MODELS: dict[str, tuple[str, list[int], str, int | None]] = {
 }
 
 
-def spec_for(name: str, precision: str = "fp32") -> BuildSpec:
+def spec_for(name: str, precision: str = "fp32", batch: int | None = None, inductor: dict[str, Any] | None = None,
+             cuda_graphs: bool = False) -> BuildSpec:
+    """The build of ``name``: a static ``batch`` when given, else a dynamic batch 1..LARGEST exported at LARGEST."""
     model, shape, dtype, high = MODELS[name]
-    source = {"name": "x", "shape": [LARGEST, *shape[1:]], "dtype": dtype, "dynamic": {0: {"min": 1, "max": LARGEST}}}
+    source: dict[str, Any] = {"name": "x", "shape": [batch or LARGEST, *shape[1:]], "dtype": dtype}
+    if batch is None:
+        source["dynamic"] = {0: {"min": 1, "max": LARGEST}}
     return parse_spec({"name": f"gpu-{name}", "version": "1", "model": model,
-                       "target": {"kind": "cuda", "precision": precision},
+                       "target": {"kind": "cuda", "precision": precision, "inductor": inductor or {},
+                                  "cuda_graphs": cuda_graphs},
                        "methods": {"forward": {"inputs": [{**source, **({"high": high} if high else {})}]}},
                        "validation": {"samples": 1, "latency_runs": 0}})
+
+
+def setting(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``--inductor``: the value as JSON where it parses (true, 3), else the string."""
+    key, _, value = text.partition("=")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def inputs_for(name: str, batch: int) -> Any:
@@ -137,8 +163,8 @@ def top_events(call: Callable[[], Any], calls: int) -> dict[str, list[dict[str, 
 
 
 def measure(spec: BuildSpec, name: str, export_dir: Path, data: Path, rounds: int, calls: int,
-            profile_calls: int) -> dict[str, Any]:
-    """Every side at batch 1 and at the largest batch, and the profile of the program at batch 1."""
+            profile_calls: int, batches: tuple[int, ...], graphs: bool) -> dict[str, Any]:
+    """Every side at each of ``batches``, and the profile of the program at batch 1."""
     import torch
 
     from prefect_executorch.machine.runtime_extension import runtime_extension
@@ -150,9 +176,11 @@ def measure(spec: BuildSpec, name: str, export_dir: Path, data: Path, rounds: in
     model = for_precision(load_model(spec), None, spec.target.precision)[0].cuda().eval()  # type: ignore[attr-defined]
     started = time.perf_counter()
     compiled = torch.compile(model)
+    # torch.compile's own CUDA graphs: the eager counterpart of a replayed program.
+    replayed = torch.compile(model, mode="reduce-overhead") if graphs else None
     figures: dict[str, Any] = {}
     with torch.no_grad():
-        for batch in (1, LARGEST):
+        for batch in batches:
             host = inputs_for(name, batch)
             device = host.cuda()
             compiled(device)  # compiles (and recompiles per batch): timed apart from the calls
@@ -164,6 +192,11 @@ def measure(spec: BuildSpec, name: str, export_dir: Path, data: Path, rounds: in
                 "eager_host_copies": lambda h=host: model(h.cuda()).cpu(),
                 "torch_compile": lambda d=device: compiled(d),
             }
+            if replayed is not None:
+                for _ in range(3):  # records its graph: not timed
+                    replayed(device)
+                sides["torch_compile_reduce_overhead"] = lambda d=device: (torch.compiler.cudagraph_mark_step_begin(),
+                                                                           replayed(d))
             check = program.run_method("forward", (host,))[0]
             error = float((check - model(device).cpu()).abs().max())
             per_round = interleaved({side: round_of(side, call, calls) for side, call in sides.items()}, rounds)
@@ -181,14 +214,85 @@ def measure(spec: BuildSpec, name: str, export_dir: Path, data: Path, rounds: in
     return figures
 
 
+def replay_child(request: dict[str, Any]) -> dict[str, Any]:
+    """In a process of its own: the program loaded with its method captured as a CUDA graph, the replay checked
+    against a direct call, then timed at ``batch`` like the other sides."""
+    from prefect_executorch.machine.runtime_extension import runtime_extension
+    from prefect_executorch.targets import get_target
+    from prefect_executorch.validate.replay import check_replay
+
+    get_target("cuda").runtime_setup({"cuda_graph_methods": ["forward"]})
+    program = runtime_extension()._load_for_executorch(request["pte"], request["ptd"])
+    host = inputs_for(request["model"], request["batch"])
+    call = lambda: program.run_method("forward", (host,))  # noqa: E731
+    check = check_replay("forward", call)
+    rounds = [timed(call, request["calls"], warmup=10) for _ in range(request["rounds"])]
+    return {"replay": check.model_dump(),
+            "p50": spread([p50 for p50, _ in rounds], 4, "ms"),
+            "p95_median_ms": round(statistics.median(p95 for _, p95 in rounds), 4)}
+
+
+def replayed_side(model: str, export_dir: Path, data: Path, batch: int, rounds: int, calls: int) -> dict[str, Any]:
+    """``replay_child`` run in a child process (one program per process: the backend's kernel library file)."""
+    request = {"model": model, "pte": str(export_dir / "model.pte"), "ptd": str(data), "batch": batch,
+               "rounds": rounds, "calls": calls}
+    done = subprocess.run([sys.executable, __file__, "--replay-child", json.dumps(request)], capture_output=True,
+                          text=True, timeout=600)
+    sys.stderr.write(done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"the replay child failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def build(spec: BuildSpec, scratch: Path) -> tuple[dict[str, Any], Any, Path]:
+    """Export and validate ``spec`` through the product: the build's figures, the export and its ``.ptd``."""
+    started = time.perf_counter()
+    export = export_program(spec, scratch)
+    exported = time.perf_counter()
+    require_passed(validate_program(spec, export.path, export.data_files, scratch_dir=scratch))
+    data = export.path / export.data_files[0]
+    return ({"export_s": round(exported - started, 1), "export_child_s": round(export.seconds, 1),
+             "validate_s": round(time.perf_counter() - exported, 1),
+             "pte_bytes": (export.path / export.program).stat().st_size, "ptd_bytes": data.stat().st_size,
+             "delegates": export.delegates(), "notes": export.warnings}, export, data)
+
+
+def judged(at: dict[str, Any], graphs: bool) -> dict[str, Any]:
+    """The program's p50 over the baseline's at one batch: the faster of eager and torch.compile (and, for the
+    replayed program, torch.compile's CUDA graphs)."""
+    def p50(side: str) -> float:
+        return float(at[side]["p50"]["median_ms"])
+
+    eager = ["eager_cuda", "torch_compile"]
+    baseline = min(eager, key=p50)
+    verdict = {"baseline": baseline, "program_over_baseline": round(p50("program") / p50(baseline), 3)}
+    if graphs:
+        replay_baseline = min([*eager, "torch_compile_reduce_overhead"], key=p50)
+        verdict.update(replay_baseline=replay_baseline,
+                       program_cuda_graphs_over_baseline=round(p50("program_cuda_graphs") / p50(replay_baseline), 3))
+    return verdict
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--replay-child":
+        print(json.dumps(replay_child(json.loads(sys.argv[2]))))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--profile-calls", type=int, default=50, help="program calls profiled per pool setting (0: none)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, LARGEST], help="batch sizes timed (1 is judged)")
+    parser.add_argument("--static", action="store_true", help="one program per batch, exported at that batch")
+    parser.add_argument("--inductor", type=setting, action="append", default=[], metavar="KEY=VALUE",
+                        help="target.inductor setting (repeatable)")
+    parser.add_argument("--cuda-graphs", action="store_true", help="also time the program replayed as a CUDA graph")
     args = parser.parse_args()
+    if args.cuda_graphs and not args.static:
+        parser.error("--cuda-graphs needs --static: a CUDA graph replays the sizes it captured")
+    if 1 not in args.batches:
+        parser.error("--batches must include 1: the goal is judged at batch 1")
 
     import torch
 
@@ -197,32 +301,35 @@ def main() -> int:
 
     toolchain = probe()  # activates the runtime with CudaBackend in this process, before anything loads another
     get_target("cuda").runtime_setup()  # TF32 off for eager and torch.compile, as validation compares
+    inductor = dict(args.inductor)
     figures: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(0), "driver": toolchain.driver_version, "torch": torch.__version__,
         "executorch": toolchain.executorch, "runtime": toolchain.tensorrt_executorch_runtime,
         "runtime_backends": toolchain.runtime_backends, "rounds": args.rounds, "calls_per_round": args.calls,
-        "precision": args.precision,
+        "precision": args.precision, "shapes": "static" if args.static else f"dynamic batch 1..{LARGEST}",
+        "inductor": inductor, "cuda_graphs": args.cuda_graphs,
     }
     ratios = {}
     with tempfile.TemporaryDirectory(prefix="gpu-latency-") as scratch:
         for name in args.models:
-            spec = spec_for(name, args.precision)
-            started = time.perf_counter()
-            export = export_program(spec, Path(scratch))
-            exported = time.perf_counter()
-            report_ = validate_program(spec, export.path, export.data_files, scratch_dir=Path(scratch))
-            require_passed(report_)
-            data = export.path / export.data_files[0]
-            model_figures = {
-                "export_s": round(exported - started, 1), "export_child_s": round(export.seconds, 1),
-                "validate_s": round(time.perf_counter() - exported, 1),
-                "pte_bytes": (export.path / export.program).stat().st_size, "ptd_bytes": data.stat().st_size,
-                "delegates": export.delegates(), "notes": export.warnings,
-                **measure(spec, name, export.path, data, args.rounds, args.calls, args.profile_calls),
-            }
+            builds = ([(b, spec_for(name, args.precision, b, inductor, args.cuda_graphs)) for b in args.batches]
+                      if args.static else [(None, spec_for(name, args.precision, None, inductor))])
+            model_figures: dict[str, Any] = {}
+            for batch, spec in builds:
+                built, export, data = build(spec, Path(scratch))
+                batches = (batch,) if batch is not None else tuple(args.batches)
+                measured = measure(spec, name, export.path, data, args.rounds, args.calls,
+                                   args.profile_calls if 1 in batches else 0, batches, args.cuda_graphs)
+                for at in batches:
+                    if args.cuda_graphs:
+                        replay = replayed_side(name, export.path, data, at, args.rounds, args.calls)
+                        if replay["replay"]["captured"] is not True or replay["replay"]["identical"] is not True:
+                            raise RuntimeError(f"{name} batch {at}: the replay was not shown: {replay['replay']}")
+                        measured[f"batch{at}"]["program_cuda_graphs"] = replay
+                    measured[f"batch{at}"].update(judged(measured[f"batch{at}"], args.cuda_graphs))
+                model_figures.update({("build" if batch is None else f"build_batch{batch}"): built, **measured})
             at_one = model_figures["batch1"]
-            ratios[name] = at_one["program"]["p50"]["median_ms"] / at_one["eager_cuda"]["p50"]["median_ms"]
-            model_figures["program_over_eager_cuda_batch1"] = round(ratios[name], 3)
+            ratios[name] = at_one["program_cuda_graphs_over_baseline" if args.cuda_graphs else "program_over_baseline"]
             figures[name] = model_figures
     worst = max(ratios, key=lambda n: ratios[n])
     figures["worst_model"] = worst

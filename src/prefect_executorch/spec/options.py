@@ -126,6 +126,12 @@ class CudaOptions(TargetOptions):
         "bfloat16 only, so 'auto' turns them off for a method whose attention runs in another type.")
     low_memory: bool = Field(
         False, description="The backend's low-memory export: mutated buffers (KV caches) are cloned on the host while compiling.")
+    cuda_graphs: bool = Field(
+        False, description="Capture each method as a CUDA graph on its fourth call and replay it after (the backend's "
+        "enable_cuda_graph_for_method): static input shapes only; validation checks that replayed outputs equal direct ones.")
+    inductor: dict[str, CompileValue] = Field(
+        default_factory=dict, description="Inductor settings for the compile, by their torch._inductor.config names "
+        "(e.g. coordinate_descent_tuning: true); the backend's own (max_autotune*, aot_inductor.*) cannot be changed.")
 
 
 #: Each target's options model by its ``kind``, in the order error messages list them.

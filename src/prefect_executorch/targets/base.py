@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -84,8 +85,9 @@ class Target(ABC):
         """Operators the target's runtime has kernels for (None: cannot tell without loading a program)."""
         return None
 
-    def runtime_setup(self) -> None:  # noqa: B027 - a hook: CPU targets need nothing first
-        """Import what the validating process needs before it loads a program."""
+    def runtime_setup(self, hints: Mapping[str, Any] | None = None) -> None:  # noqa: B027 - CPU targets need nothing
+        """Prepare this process to load programs: what it imports first, and the runtime options the bundle's
+        ``hints`` (its manifest's ``runtime_hints``; a build's own while validating) ask for."""
 
     def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
         """The bound of the ``stage`` child: the spec's value, else this target's default (None: unbounded)."""

@@ -7,6 +7,7 @@ backend's source without a GPU; only ``lower`` and ``runtime_setup`` import the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,33 @@ def _options(spec: BuildSpec) -> CudaOptions:
     if not isinstance(spec.target, CudaOptions):
         raise SpecError(f"target: expected kind 'cuda', got {spec.target.kind!r}")
     return spec.target
+
+
+#: Inductor settings CudaBackend sets itself for every compile (``get_aoti_compile_options``): a spec cannot change them.
+BACKEND_OWNED_INDUCTOR = ("max_autotune", "aot_inductor.", "emulate_precision_casts", "loop_ordering_after_fusion",
+                          "triton.autotune_at_compile_time", "triton.autotune_pointwise")
+#: What the backend's runtime names the methods it captures and replays (a comma-separated runtime option).
+CUDA_GRAPH_OPTION = "enable_cuda_graph_for_method"
+
+
+def inductor_problems(settings: dict[str, Any]) -> list[str]:
+    """What is wrong with ``target.inductor``: settings the backend owns, and names this torch's Inductor lacks."""
+    from torch._inductor import config
+
+    known = set(config.get_config_copy())
+    problems = []
+    for key in settings:
+        if key.startswith(BACKEND_OWNED_INDUCTOR):
+            problems.append(f"target.inductor.{key}: ExecuTorch's CUDA backend sets this itself for every compile")
+        elif key not in known:
+            problems.append(f"target.inductor.{key}: torch {__import__('torch').__version__}'s Inductor has no such "
+                            "setting (names as in torch._inductor.config, e.g. coordinate_descent_tuning)")
+    return problems
+
+
+def graph_methods(spec: BuildSpec) -> list[str]:
+    """The methods the runtime captures as CUDA graphs: every method when ``target.cuda_graphs`` is on."""
+    return sorted(spec.methods) if _options(spec).cuda_graphs else []
 
 
 def _on_off(flag: bool) -> str:
@@ -135,6 +163,19 @@ def _toolchain_problems(toolchain: Toolchain) -> list[str]:
     return problems + cuda_backend_problems(toolchain, "target cuda", "build target xnnpack on this worker")
 
 
+def _check_cuda_graphs(spec: BuildSpec) -> None:
+    """A captured graph replays fixed sizes only (the runtime refuses an input of another size): no dynamic inputs."""
+    if not _options(spec).cuda_graphs:
+        return
+    dynamic = [f"{method}.{spec_input.name}" for method, entry in spec.methods.items() for spec_input in entry.inputs
+               if spec_input.dynamic]
+    if dynamic:
+        raise SpecError(
+            f"target.cuda_graphs: a CUDA graph replays the sizes it captured, and these inputs are dynamic: "
+            f"{', '.join(dynamic)}; remove their dynamic dims (one program per size that serves) or set cuda_graphs: false"
+        )
+
+
 class CudaTarget(GpuTarget):
     """ExecuTorch's CUDA backend: every method compiled by AOTInductor (Triton kernels), weights in the ``.ptd``."""
 
@@ -153,6 +194,9 @@ class CudaTarget(GpuTarget):
         problems = _toolchain_problems(toolchain)
         if problems:
             raise cannot_build("cuda", problems, INSTALL)
+        _check_cuda_graphs(spec)
+        if _options(spec).inductor and (wrong := inductor_problems(_options(spec).inductor)):
+            raise SpecError("; ".join(wrong))
         if spec.external_weights:
             return ["external_weights: the CUDA backend always writes the weights to aoti_cuda_blob.ptd; the setting "
                     "changes nothing for target cuda"]
@@ -187,6 +231,7 @@ class CudaTarget(GpuTarget):
         from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
         from executorch.exir.backend.compile_spec_schema import CompileSpec
         from executorch.exir.passes import MemoryPlanningPass
+        from torch._inductor import config as inductor_config
 
         from prefect_executorch.targets.delegation import delegation_facts
 
@@ -200,11 +245,13 @@ class CudaTarget(GpuTarget):
                                                    *(CompileSpec(key, value.encode()) for key, value in rest)])]
         # As the backend's own exports do: its partitioner keeps every ATen op for Inductor (no IR check),
         # delegate blobs go to segments, and inputs stay unplanned (the backend copies them to the device).
-        edge = to_edge_transform_and_lower(
-            programs, partitioner=partitioners,
-            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            constant_methods=constant_methods,
-        )
+        # The spec's Inductor settings hold for the whole compile; the backend's own options still win over them.
+        with inductor_config.patch(options.inductor):
+            edge = to_edge_transform_and_lower(
+                programs, partitioner=partitioners,
+                compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+                constant_methods=constant_methods,
+            )
         delegation = delegation_facts(edge)
         program = edge.to_executorch(ExecutorchBackendConfig(
             extract_delegate_segments=True, do_quant_fusion_and_const_prop=True,
@@ -215,12 +262,19 @@ class CudaTarget(GpuTarget):
         program.write_tensor_data_to_file(str(out_dir))
         return Lowered(delegation=delegation, notes=notes)
 
-    def runtime_setup(self) -> None:
+    def runtime_setup(self, hints: Mapping[str, Any] | None = None) -> None:
         configure_eager_cuda()
         # The runtime wheel's runtime has CudaBackend; without the wheel, ExecuTorch's own runtime must be a
         # CUDA build, and LoadedProgram names what to install when it is not.
         activate_runtime_wheel(BACKEND, False, "", INSTALL)
         set_cuda_pool_release_threshold()
+        methods = list((hints or {}).get("cuda_graph_methods") or [])
+        if methods:
+            from prefect_executorch.machine.backend_options import set_backend_options
+            from prefect_executorch.machine.runtime_extension import runtime_extension
+
+            # Read when a method loads: set before any program of this process is loaded.
+            set_backend_options(runtime_extension(), BACKEND, {CUDA_GRAPH_OPTION: ",".join(methods)})
 
     def runtime_hints(self, spec: BuildSpec, toolchain: Toolchain | None = None) -> dict[str, Any]:
         options = _options(spec)
@@ -235,6 +289,10 @@ class CudaTarget(GpuTarget):
             "data_file": DATA_FILE,
             "precision": options.precision,
             "triton_kernels": options.triton_kernels,
+            # Set CudaBackend's enable_cuda_graph_for_method to these (comma-separated) before loading: each is
+            # captured on its fourth call and replayed after, for the sizes it was exported at.
+            "cuda_graph_methods": graph_methods(spec),
+            "inductor": dict(options.inductor),
             "delegate_runtime": f"{RUNTIME_PACKAGE}, or an ExecuTorch built with EXECUTORCH_BUILD_CUDA=ON",
             "delegate_runtime_version": toolchain.tensorrt_executorch_runtime if toolchain else None,
             "executorch": toolchain.executorch if toolchain else None,

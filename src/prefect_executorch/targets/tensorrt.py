@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -434,7 +435,7 @@ class TensorRTTarget(GpuTarget):
         # the .pte which of them were left to ExecuTorch's kernels.
         return Lowered(delegation=facts_from_program(programs, read_program(pte)))
 
-    def runtime_setup(self) -> None:
+    def runtime_setup(self, hints: Mapping[str, Any] | None = None) -> None:
         configure_eager_cuda()
         activate_delegate_runtime()
 

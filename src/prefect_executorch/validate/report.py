@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from prefect_executorch.export.quantize import QuantizationFacts
 from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.validate.latency import LatencyStats
+from prefect_executorch.validate.replay import ReplayCheck
 
 
 class OutputComparison(BaseModel):
@@ -302,6 +303,8 @@ class ValidationReport(BaseModel):
     memory_bound: str = Field("none", description="How the validating child was bounded: address space, a watch on "
                               "its resident memory (children that initialise CUDA), or none.")
     generation: GenerationReport | None = Field(default=None, description="A decoder LM's validation by generation.")
+    replay: list[ReplayCheck] = Field(default_factory=list, description="Each CUDA-graph method's capture and replay "
+                                      "(target.cuda_graphs), checked before the cases ran on the replays.")
 
     def failures(self) -> list[CaseResult]:
         """The cases that failed."""

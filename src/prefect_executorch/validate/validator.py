@@ -27,6 +27,7 @@ from prefect_executorch.validate.bundled import Cases, write_bundled
 from prefect_executorch.validate.compare import compare_outputs, flatten_with_paths
 from prefect_executorch.validate.latency import measure_together
 from prefect_executorch.validate.loaded_program import LoadedProgram
+from prefect_executorch.validate.replay import ReplayCheck, check_replay
 from prefect_executorch.validate.report import CaseResult, GateResult, LatencyResult, ValidationReport
 
 if TYPE_CHECKING:
@@ -195,6 +196,15 @@ def _validate_method(
     return cases, latency
 
 
+def _check_replay(spec: BuildSpec, name: str, program: LoadedProgram) -> ReplayCheck:
+    """``name`` on its first case's inputs through the CUDA-graph capture and a replay (``validate/replay.py``)."""
+    method = spec.methods[name]
+    _, _, host_inputs = next(iter(case_inputs(spec, name, method)))
+    target = get_target(spec.target_name)
+    prepared = tuple(target.prepare_input(t, spec) for t in host_inputs)
+    return check_replay(name, lambda: program.run(name, prepared, method.inputs))
+
+
 def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     """Child side: load the program (after the target's runtime setup), compare with eager, apply the gates."""
     import torch
@@ -205,11 +215,15 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
         from prefect_executorch.validate.generation import validate_generation
 
         return validate_generation(req)
-    get_target(spec.target_name).runtime_setup()
+    target = get_target(spec.target_name)
+    hints = target.runtime_hints(spec)
+    target.runtime_setup(hints)
     data = bundle / req.data_files[0] if req.data_files else None
     started = time.monotonic()
     program = LoadedProgram(bundle / req.program, data)
     load_seconds = time.monotonic() - started
+    # Before any case: every later call of a graph method is a replay, so the cases judge what serving runs.
+    replay = [_check_replay(spec, name, program) for name in hints.get("cuda_graph_methods") or []]
     model = load_model(spec).to(get_target(spec.target_name).eager_device(spec))
     cases: list[CaseResult] = []
     latency: list[LatencyResult] = []
@@ -231,7 +245,9 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     if req.bundled_out and all(case.passed for case in cases):
         write_bundled(bundle / req.program, recorded, Path(req.bundled_out))
     return ValidationReport(
-        passed=all(case.passed for case in cases) and all(gate.passed for gate in gates),
+        passed=(all(case.passed for case in cases) and all(gate.passed for gate in gates)
+                and not any(check.problem for check in replay)),
+        replay=replay,
         cases=cases,
         delegates={name: facts.delegates for name, facts in program.facts.items()},
         load_seconds=load_seconds,
@@ -293,6 +309,7 @@ def require_passed(report: ValidationReport, triage: TriageReport | None = None)
     if failed:
         parts.append(f"{len(failed)} of {len(report.cases)} validation cases failed")
     parts += [gate.describe() for gate in report.failed_gates()]
+    parts += [problem for check in report.replay if (problem := check.problem)]
     parts.append(f"worst: {report.describe_worst()}")
     parts += [triage.describe()] if triage else []
     raise ValidationFailed("; ".join(parts))
