@@ -303,3 +303,21 @@ def test_the_runtime_setup_lets_the_cuda_pool_keep_its_memory(gpu: Toolchain) ->
     assert threshold() == 0
     TARGET.runtime_setup()
     assert threshold() == KEEP_ALL
+
+
+def test_cuda_graphs_replay_what_a_direct_call_computes_and_validation_judges_the_replays(
+        build: Callable[[BuildSpec], Built], tmp_path: Path) -> None:
+    """target.cuda_graphs: the runtime captures the method on its fourth call (its log says so), the replay's outputs
+    equal the direct call's bit for bit, and the cases, then the bundled cases, run on the replays."""
+    spec, exported, report = build(spec_of("mlp", MLP, cuda_graphs=True))
+    assert [check.model_dump() for check in report.replay] == [
+        {"method": "forward", "captured": True, "identical": True, "calls": 5}]
+    require_passed(report)
+    assert report.summary().replayed == ["forward"]
+    hints = TARGET.runtime_hints(spec)
+    assert hints["cuda_graph_methods"] == ["forward"]
+    methods = {"forward": BundledMethod(cases=[f"{c.shape_label}[{c.sample}]" for c in report.cases],
+                                        atol=1e-4, rtol=1e-4)}
+    check = verify_bundled(exported.path, "cuda", exported.data_files, methods, scratch_dir=tmp_path,
+                           runtime_hints=hints)
+    assert [result.error for result in check.results] == [None] * len(report.cases)

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -280,3 +281,81 @@ def test_the_pool_setting_names_the_missing_driver() -> None:
         pass
     with pytest.raises(ToolchainMismatch, match="no driver library .*libcuda.so.1.*GPU worker"):
         set_cuda_pool_release_threshold()
+
+
+# ---------------------------------------------------------------- CUDA-graph replay and Inductor settings
+
+def test_cuda_graphs_are_refused_for_dynamic_inputs_naming_them(h200: Toolchain) -> None:
+    dynamic = parse_spec({"name": "m", "version": "1", "model": f"{MODELS}:mlp",
+                          "target": {"kind": "cuda", "cuda_graphs": True},
+                          "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 32],
+                                                              "dynamic": {0: {"min": 1, "max": 8}}}]}}})
+    with pytest.raises(SpecError, match=r"target.cuda_graphs: .* dynamic: forward.x; remove their dynamic dims"):
+        TARGET.check(dynamic, h200)
+    assert TARGET.check(cuda_spec(cuda_graphs=True), h200) == []
+
+
+def test_the_manifest_names_the_methods_to_replay_and_the_inductor_settings() -> None:
+    hints = TARGET.runtime_hints(cuda_spec(cuda_graphs=True, inductor={"coordinate_descent_tuning": True}))
+    assert hints["cuda_graph_methods"] == ["forward"] and hints["inductor"] == {"coordinate_descent_tuning": True}
+    assert TARGET.runtime_hints(cuda_spec())["cuda_graph_methods"] == []
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"max_autotune_gemm_backends": "ATEN"}, "target.inductor.max_autotune_gemm_backends: ExecuTorch's CUDA backend "
+                                             "sets this itself"),
+    ({"aot_inductor.package": False}, "target.inductor.aot_inductor.package: ExecuTorch's CUDA backend sets this"),
+    ({"coordinate_decent_tuning": True}, "target.inductor.coordinate_decent_tuning: torch 2."),
+])
+def test_inductor_settings_the_backend_owns_or_inductor_lacks_are_refused(h200: Toolchain, settings: dict[str, Any],
+                                                                          words: str) -> None:
+    with pytest.raises(SpecError) as info:
+        TARGET.check(cuda_spec(inductor=settings), h200)
+    assert words in str(info.value)
+    assert TARGET.check(cuda_spec(inductor={"coordinate_descent_tuning": True,
+                                            "max_autotune_gemm_search_space": "EXHAUSTIVE"}), h200) == []
+
+
+
+def test_every_inductor_setting_the_backend_sets_is_refused_in_target_inductor() -> None:
+    from prefect_executorch.targets.cuda import BACKEND_OWNED_INDUCTOR
+
+    found = importlib.util.find_spec("executorch.backends.cuda.cuda_backend")
+    assert found is not None and found.origin is not None
+    tree = ast.parse(Path(found.origin).read_text())
+    method = next(node for node in ast.walk(tree)
+                  if isinstance(node, ast.FunctionDef) and node.name == "get_aoti_compile_options")
+    literal = next(node for node in ast.walk(method) if isinstance(node, ast.Dict) and len(node.keys) > 5)
+    set_keys = {key.value for key in literal.keys if isinstance(key, ast.Constant)}
+    assert "max_autotune_gemm_backends" in set_keys  # the dict of options the backend compiles with
+    assert {key for key in set_keys if not key.startswith("aot_inductor.")} <= BACKEND_OWNED_INDUCTOR
+
+
+# ---------------------------------------------------------------- how a replay is judged (the GPU test runs the real one)
+
+def _calls(log_on: int | None, drift_on: int | None) -> Callable[[], list[torch.Tensor]]:
+    """A method's calls: the runtime's capture line logged (to fd 2, as C++ writes it) on call ``log_on``, and the
+    outputs changed from call ``drift_on``."""
+    count = [0]
+
+    def call() -> list[torch.Tensor]:
+        count[0] += 1
+        if count[0] == log_on:
+            os.write(2, b"[cuda_backend.cpp:753] CUDA graph: captured and instantiated for 'forward'\n")
+        return [torch.full((2,), 1.0 if drift_on is None or count[0] < drift_on else 1.0 + 2**-20)]
+
+    return call
+
+
+@pytest.mark.parametrize("log_on, drift_on, problem", [
+    (4, None, None),
+    (None, None, "the runtime did not report capturing it after 5 calls"),
+    (4, 5, "the replayed CUDA graph's outputs differ from the direct call's"),
+])
+def test_a_replay_passes_only_when_the_runtime_captured_it_and_its_outputs_equal_the_direct_ones(
+        log_on: int | None, drift_on: int | None, problem: str | None) -> None:
+    from prefect_executorch.validate.replay import check_replay
+
+    check = check_replay("forward", _calls(log_on, drift_on))
+    assert check.calls == 5
+    assert (check.problem is None) if problem is None else (problem in (check.problem or ""))

@@ -30,7 +30,8 @@ from prefect_executorch.validate.sidebyside import ProgramFiles, SideBySide, Sid
 
 def _pulled(store: ObjectStore, key: BundleKey, dest: Path, manifest_sha256: str | None) -> tuple[Manifest, ProgramFiles]:
     manifest = pull(store, key, dest, manifest_sha256=manifest_sha256)
-    return manifest, ProgramFiles(dir=str(dest), program=manifest.program, data_files=manifest.data_files)
+    return manifest, ProgramFiles(dir=str(dest), program=manifest.program, data_files=manifest.data_files,
+                                  runtime_hints=manifest.runtime_hints)
 
 
 def compare_bundles(

@@ -94,12 +94,13 @@ def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = N
         from prefect_executorch.validate.llm_runner import run_generation_cases
 
         report = run_generation_cases(bundle_dir, manifest.target, manifest.data_files, scratch_dir=scratch_dir,
-                                      shown_as=shown_as, start="spawn")
+                                      shown_as=shown_as, start="spawn", runtime_hints=manifest.runtime_hints)
         return f"all {len(report.cases)} prompts generate eager's tokens through {report.generated_by} on this machine"
     from prefect_executorch.validate.bundled import run_bundled_cases
 
     check = run_bundled_cases(bundle_dir, manifest.target, manifest.data_files, manifest.bundled,
-                              scratch_dir=scratch_dir, shown_as=shown_as, start="spawn")
+                              scratch_dir=scratch_dir, shown_as=shown_as, start="spawn",
+                              runtime_hints=manifest.runtime_hints)
     return f"all {len(check.results)} bundled cases pass on this machine ({', '.join(sorted({r.method for r in check.results}))})"
 
 
@@ -222,7 +223,7 @@ def generate(
             console.file.flush()
 
         generated = run_generate(folder, manifest.target, manifest.data_files, prompt, new_tokens, on_text=show,
-                                 start="spawn")
+                                 start="spawn", runtime_hints=manifest.runtime_hints)
     console.print()
     stats = generated.stats
     speeds = [f"{label} {value:,.0f}{unit}" for label, value, unit in (

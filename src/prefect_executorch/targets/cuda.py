@@ -50,8 +50,9 @@ def _options(spec: BuildSpec) -> CudaOptions:
 
 
 #: Inductor settings CudaBackend sets itself for every compile (``get_aoti_compile_options``): a spec cannot change them.
-BACKEND_OWNED_INDUCTOR = ("max_autotune", "aot_inductor.", "emulate_precision_casts", "loop_ordering_after_fusion",
-                          "triton.autotune_at_compile_time", "triton.autotune_pointwise")
+BACKEND_OWNED_INDUCTOR = {"max_autotune", "max_autotune_gemm_backends", "max_autotune_conv_backends",
+                          "emulate_precision_casts", "loop_ordering_after_fusion", "triton.autotune_at_compile_time",
+                          "triton.autotune_pointwise"}
 #: What the backend's runtime names the methods it captures and replays (a comma-separated runtime option).
 CUDA_GRAPH_OPTION = "enable_cuda_graph_for_method"
 
@@ -63,7 +64,7 @@ def inductor_problems(settings: dict[str, Any]) -> list[str]:
     known = set(config.get_config_copy())
     problems = []
     for key in settings:
-        if key.startswith(BACKEND_OWNED_INDUCTOR):
+        if key in BACKEND_OWNED_INDUCTOR or key.startswith("aot_inductor."):
             problems.append(f"target.inductor.{key}: ExecuTorch's CUDA backend sets this itself for every compile")
         elif key not in known:
             problems.append(f"target.inductor.{key}: torch {__import__('torch').__version__}'s Inductor has no such "
@@ -72,8 +73,11 @@ def inductor_problems(settings: dict[str, Any]) -> list[str]:
 
 
 def graph_methods(spec: BuildSpec) -> list[str]:
-    """The methods the runtime captures as CUDA graphs: every method when ``target.cuda_graphs`` is on."""
-    return sorted(spec.methods) if _options(spec).cuda_graphs else []
+    """The methods the runtime captures as CUDA graphs: every method (a decoder LM's ``forward``) when
+    ``target.cuda_graphs`` is on."""
+    if not _options(spec).cuda_graphs:
+        return []
+    return ["forward"] if spec.llm is not None else sorted(spec.methods)
 
 
 def _on_off(flag: bool) -> str:

@@ -11,6 +11,7 @@ from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.progress import stage
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE
+from prefect_executorch.targets import get_target
 from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.tasks.prefect_artifacts import publish_triage_artifact, publish_validation_artifacts
 from prefect_executorch.validate.bundled import (
@@ -60,7 +61,8 @@ def validate_export(spec: BuildSpec, export: ExportedProgramDir, scratch_dir: Pa
         report = _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir, bundled_out)
         if (export.path / BUNDLED_FILE).is_file():
             check = verify_bundled(export.path, spec.target_name, export.data_files, method_cases(report),
-                                   scratch_dir=scratch_dir)
+                                   scratch_dir=scratch_dir,
+                                   runtime_hints=get_target(spec.target_name).runtime_hints(spec))
             require_bundled_passed(check, export.path)
         else:
             get_run_logger().info("no %s: %s", BUNDLED_FILE, skipped or "an input or output is not a tensor")

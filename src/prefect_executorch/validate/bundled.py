@@ -86,6 +86,7 @@ class VerifyBundledRequest(BaseModel):
     target: str
     data_files: list[str] = Field(default_factory=list)
     methods: dict[str, BundledMethod]
+    runtime_hints: dict[str, Any] = Field(default_factory=dict, description="The bundle's runtime hints (its manifest's).")
 
 
 def _bundled_settings() -> BundledSettings:
@@ -215,7 +216,7 @@ def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
     import torch  # noqa: F401 - loads libtorch, which the runtime extension links against
 
     req = VerifyBundledRequest.model_validate(request)
-    get_target(req.target).runtime_setup()
+    get_target(req.target).runtime_setup(req.runtime_hints)
     portable_lib = runtime_extension()
 
     bundle = Path(req.bundle_dir)
@@ -258,10 +259,12 @@ def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
 
 def verify_bundled(bundle_dir: Path, target: str, data_files: list[str], methods: dict[str, BundledMethod],
                    *, scratch_dir: Path | None = None, settings: BundledSettings | None = None,
-                   shown_as: Path | None = None, start: StartMethod | None = None) -> BundledCheck:
-    """Run every case of ``bundle_dir``'s ``.bpte`` in a child process (``start``: see ``run_isolated``); a crash of the
-    runtime fails it."""
-    request = VerifyBundledRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, methods=methods)
+                   shown_as: Path | None = None, start: StartMethod | None = None,
+                   runtime_hints: dict[str, Any] | None = None) -> BundledCheck:
+    """Run every case of ``bundle_dir``'s ``.bpte`` in a child process (``start``: see ``run_isolated``), its runtime
+    set up as ``runtime_hints`` say; a crash of the runtime fails it."""
+    request = VerifyBundledRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, methods=methods,
+                                   runtime_hints=runtime_hints or {})
     with tempfile.TemporaryDirectory(prefix="bundled-", dir=scratch_dir) as scratch:
         try:
             return run_isolated("verify-bundled", request, BundledCheck,
@@ -284,7 +287,7 @@ def require_bundled_passed(check: BundledCheck, where: Path) -> None:
 
 def run_bundled_cases(bundle_dir: Path, target: str, data_files: list[str], facts: BundledFacts | None,
                       *, scratch_dir: Path | None = None, shown_as: Path | None = None,
-                      start: StartMethod | None = None) -> BundledCheck:
+                      start: StartMethod | None = None, runtime_hints: dict[str, Any] | None = None) -> BundledCheck:
     """Run a bundle's own cases on this machine; ``ValidationFailed`` if it has none or one fails.
 
     ``shown_as`` is the folder the user knows (a pull checks its download before moving it there). A one-shot
@@ -296,6 +299,6 @@ def run_bundled_cases(bundle_dir: Path, target: str, data_files: list[str], fact
         raise ValidationFailed(f"{where} has no {BUNDLED_FILE} to run ({why}); nothing was verified: "
                                "revalidate it against the model with `prefect-executorch validate` instead")
     check = verify_bundled(bundle_dir, target, data_files, facts.methods, scratch_dir=scratch_dir, shown_as=where,
-                           start=start)
+                           start=start, runtime_hints=runtime_hints)
     require_bundled_passed(check, where)
     return check

@@ -10,7 +10,7 @@ what eager PyTorch does, token for token.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -29,6 +29,7 @@ from prefect_executorch.spec.causal_lm import (
 from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.targets import get_target
 from prefect_executorch.validate.loaded_program import LoadedProgram
+from prefect_executorch.validate.replay import check_replay
 from prefect_executorch.validate.report import (
     GateResult,
     GenerationCase,
@@ -154,13 +155,15 @@ class TokenByToken:
         )
 
 
-def open_generator(program: Path, tokenizer: Path, target: str, data: Path | None = None) -> Generator:
+def open_generator(program: Path, tokenizer: Path, target: str, data: Path | None = None,
+                   hints: Mapping[str, Any] | None = None) -> Generator:
     """What generates with ``program`` on ``target``: ExecuTorch's LLM runner where its runtime ships one, else
-    the program one token per call through the runtime that has the target's delegate."""
+    the program one token per call through the runtime that has the target's delegate, set up as the bundle's
+    runtime ``hints`` say (CUDA-graph replay)."""
     chosen = get_target(target)
     if chosen.llm_runner:
         return LlmRunner(program, tokenizer)
-    chosen.runtime_setup()
+    chosen.runtime_setup(hints)
     return TokenByToken(LoadedProgram(program, data), tokenizer)
 
 
@@ -206,8 +209,12 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
     program, data = bundle / req.program, bundle / req.data_files[0] if req.data_files else None
     started = time.monotonic()
     # First: a target's runtime (CUDA's wheel) must be in place before anything imports ExecuTorch's own.
-    generator = open_generator(program, bundle / TOKENIZER_FILE, spec.target_name, data)
+    hints = target.runtime_hints(spec)
+    generator = open_generator(program, bundle / TOKENIZER_FILE, spec.target_name, data, hints)
     load_seconds = time.monotonic() - started
+    # A replayed forward must be shown equal to a direct one before the prompts run on the replays.
+    replay = [check_replay("forward", lambda: [generator.next_logits(0, 0)])
+              for _ in hints.get("cuda_graph_methods") or [] if isinstance(generator, TokenByToken)]
     tokenizer = load_tokenizer(spec)
     model = load_causal_lm(spec)
     check_vocabulary(model, tokenizer)
@@ -228,14 +235,14 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
     report = GenerationReport(new_tokens=spec.llm.new_tokens, cases=cases, stats=timings, generated_by=generator.name,
                               exact=spec.quantization is None and target.compute_dtype(spec) is None)
     gates = [] if report.exact else generation_gates(report, spec)
-    passed = report.passed and all(gate.passed for gate in gates)
+    passed = report.passed and all(gate.passed for gate in gates) and not any(check.problem for check in replay)
     if req.bundled_out and passed:
         Path(req.bundled_out).write_text(GenerationCases(
             new_tokens=spec.llm.new_tokens, prompts=spec.llm.prompts, expected=[case.actual for case in cases],
         ).model_dump_json(indent=1))
     return ValidationReport(
         passed=passed, cases=[], delegates={}, load_seconds=load_seconds, used_data_file=data is not None, gates=gates,
-        delegation=req.delegation, generation=report,
+        delegation=req.delegation, generation=report, replay=replay,
         quantization=build_facts(spec, model, None, 0) if spec.quantization else None,
         file_sizes={f: (bundle / f).stat().st_size for f in [req.program, *req.data_files, TOKENIZER_FILE]},
     )

@@ -36,13 +36,14 @@ class RunnerRequest(BaseModel):
     prompt: str | None = None
     new_tokens: int | None = None
     stream_to: str | None = Field(None, description="A file the child appends each token's text to as it comes.")
+    runtime_hints: dict[str, Any] = Field(default_factory=dict, description="The bundle's runtime hints (its manifest's).")
 
 
     def open(self) -> Generator:
         """What generates with the bundle's program on this machine."""
         bundle = Path(self.bundle_dir)
         data = bundle / self.data_files[0] if self.data_files else None
-        return open_generator(bundle / PROGRAM_FILE, bundle / TOKENIZER_FILE, self.target, data)
+        return open_generator(bundle / PROGRAM_FILE, bundle / TOKENIZER_FILE, self.target, data, self.runtime_hints)
 
 
 class Generated(BaseModel):
@@ -86,10 +87,13 @@ def generate_in_child(request: dict[str, Any]) -> Generated:
 
 
 def run_generation_cases(bundle_dir: Path, target: str, data_files: list[str], *, scratch_dir: Path | None = None,
-                         shown_as: Path | None = None, start: StartMethod | None = None) -> GenerationReport:
-    """Run a decoder-LM bundle's prompts on this machine; ``ValidationFailed`` naming the first that departs."""
+                         shown_as: Path | None = None, start: StartMethod | None = None,
+                         runtime_hints: dict[str, Any] | None = None) -> GenerationReport:
+    """Run a decoder-LM bundle's prompts on this machine (its runtime set up as ``runtime_hints`` say);
+    ``ValidationFailed`` naming the first that departs."""
     where = shown_as or bundle_dir
-    request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files)
+    request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files,
+                            runtime_hints=runtime_hints or {})
     report = _in_child("verify-generation", request, GenerationReport,
                        f"the generation cases of {where}", scratch_dir, start)
     failed = [case for case in report.cases if not case.passed]
@@ -101,14 +105,15 @@ def run_generation_cases(bundle_dir: Path, target: str, data_files: list[str], *
 
 
 def generate(bundle_dir: Path, target: str, data_files: list[str], prompt: str, new_tokens: int, *,
-             on_text: Callable[[str], None] | None = None, start: StartMethod | None = None) -> Generated:
-    """``prompt`` continued greedily by the bundle's program through ExecuTorch's LLM runner (in a child);
-    ``on_text`` gets the text as the child makes it."""
+             on_text: Callable[[str], None] | None = None, start: StartMethod | None = None,
+             runtime_hints: dict[str, Any] | None = None) -> Generated:
+    """``prompt`` continued greedily by the bundle's program through ExecuTorch's LLM runner (in a child, its
+    runtime set up as ``runtime_hints`` say); ``on_text`` gets the text as the child makes it."""
     with scratch_dir("generate") as streams:
         stream = streams / "text"
         stream.touch()
         request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, prompt=prompt,
-                                new_tokens=new_tokens, stream_to=str(stream))
+                                new_tokens=new_tokens, stream_to=str(stream), runtime_hints=runtime_hints or {})
         with _following(stream, on_text):
             return _in_child("generate", request, Generated, f"generation with {bundle_dir}", None, start)
 

@@ -280,6 +280,8 @@ class ValidationSummary(BaseModel):
         default=None, description="A decoder LM's share of eager's greedy tokens its program generated the same."
     )
     generated_by: str | None = Field(default=None, description="What ran a decoder LM's program to generate.")
+    replayed: list[str] = Field(default_factory=list, description="Methods validated on their CUDA-graph replays, "
+                                "each shown captured and equal to a direct call first.")
 
 
 class ValidationReport(BaseModel):
@@ -414,6 +416,7 @@ class ValidationReport(BaseModel):
             lowering_rel_error=self._worst_rel_error("lowering_error"),
             generation_agreement=self.generation.agreement() if self.generation else None,
             generated_by=self.generation.generated_by if self.generation else None,
+            replayed=[check.method for check in self.replay if check.problem is None],
         )
 
     def _worst_rel_error(self, field: str) -> float | None:

@@ -32,6 +32,7 @@ class ProgramFiles(BaseModel):
     dir: str
     program: str
     data_files: list[str] = Field(default_factory=list)
+    runtime_hints: dict[str, Any] = Field(default_factory=dict, description="Its manifest's runtime hints.")
 
     def load(self) -> LoadedProgram:
         """The loaded program (with its first .ptd, as validation loads it)."""
@@ -224,8 +225,9 @@ def side_by_side_in_child(request: dict[str, Any]) -> SideBySide:
     req = SideBySideRequest.model_validate(request)
     if req.generation:
         return SideBySide(methods=[_generation_side_by_side(req)])
-    # TF32 off and the delegate runtime registered before ExecuTorch's own runtime loads.
-    get_target(req.target).runtime_setup()
+    # TF32 off and the delegate runtime registered (with the program's runtime options: apart, each program has
+    # its own process) before ExecuTorch's own runtime loads.
+    get_target(req.target).runtime_setup(getattr(req, req.alone or "candidate").runtime_hints)
     roles = ("current", "candidate") if req.alone is None else (req.alone,)
     programs = {role: getattr(req, role).load() for role in roles}
     with torch.no_grad():
