@@ -10,6 +10,7 @@ import platform
 import resource
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -56,7 +57,19 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "versions": {name: version(name) for name in ("torch", "executorch", "prefect", "boto3", "prefect-executorch")},
         "commit": _commit(),
+        **_torch_facts(),
     }
+
+
+def _torch_facts() -> dict[str, Any]:
+    """Torch's thread count and the GPU, where this benchmark loaded torch (read, never imported here)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    facts: dict[str, Any] = {"torch_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        facts["gpu"] = torch.cuda.get_device_name(0)
+    return facts
 
 
 def peak_rss_mib() -> float:
