@@ -260,15 +260,16 @@ def test_the_demo_spec_builds_signs_verifies_and_promotes_side_by_side_through_t
 
 
 def test_a_bf16_decoder_lm_builds_passes_its_gates_and_generates_through_the_cli(gpu: Toolchain, tmp_path: Path) -> None:
-    """A trained tiny Llama directory built for target cuda in bf16: the static KV cache is the program's state,
-    attention the backend's Triton kernel; the runtime wheel with CudaBackend has no LLM runner, so the program is
+    """A trained tiny Llama directory built for target cuda in bf16 with CUDA-graph replay: the static KV cache is the
+    program's state, attention the backend's Triton kernel; the runtime wheel with CudaBackend has no LLM runner, so the program is
     judged one token per call against fp32 eager by the bf16 gates, then pulled, verified and run by `generate`."""
     from prefect_executorch.testing.tiny_llm import write_tiny_llm
 
     model_dir = write_tiny_llm(tmp_path / "llama", "llama", train_steps=200)
     prompts = ["the quick brown", "prefect runs", "1, 2, 3,"]
     (tmp_path / "llm.yaml").write_text(yaml.safe_dump({
-        "name": "tiny-llama", "version": "1", "model": str(model_dir), "target": {"kind": "cuda", "precision": "bf16"},
+        "name": "tiny-llama", "version": "1", "model": str(model_dir),
+        "target": {"kind": "cuda", "precision": "bf16", "cuda_graphs": True},
         "llm": {"max_seq_len": 40, "new_tokens": 12, "prompts": prompts}}))
     cli = _cli_in(tmp_path)
     built = cli("build", "llm.yaml")
@@ -278,6 +279,9 @@ def test_a_bf16_decoder_lm_builds_passes_its_gates_and_generates_through_the_cli
     assert manifest["data_files"] == [DATA_FILE] and manifest["validation"]["passed"]
     assert manifest["methods"]["forward"]["delegates"] == ["CudaBackend"]
     assert manifest["validation"]["generated_by"].startswith("ExecuTorch's runtime, one token per call")
+    # The decode step replayed as a CUDA graph: shown captured and equal to a direct call, then every prompt on it.
+    assert manifest["runtime_hints"]["cuda_graph_methods"] == ["forward"]
+    assert manifest["validation"]["replayed"] == ["forward"]
     pulled = cli("pull", "tiny-llama", "--version", "1", "--to", "pulled", "--verify")
     assert "all 3 prompts generate" in pulled
     cases = json.loads((tmp_path / "pulled" / "generation_cases.json").read_text())

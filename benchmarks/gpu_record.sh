@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU record of this tree, one step per call (each fits a 10-minute run), into $OUT (default ./gpu-record):
+#
+#   gpu_record.sh tests     the cuda and tensorrt tests (junit-cuda.xml, pytest-cuda.log)
+#   gpu_record.sh latency   benchmarks/gpu_latency.py (gpu_latency.json, gpu_latency.log); extra args passed on
+#   gpu_record.sh llm       benchmarks/llm.py --target cuda --cuda-graphs (llm_cuda.json, llm_cuda.log)
+#
+# Every step first writes stack-<step>.txt: the tree (`git describe --dirty` of this copy, or
+# $PREFECT_EXECUTORCH_BENCHMARK_TREE where the copy has no .git), the GPU, its driver and the stack's versions.
+# Run on a GPU worker with the stack (docs/cuda.md; an offline host: ../shared/gpu/README.md).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+step=${1:?usage: gpu_record.sh tests|latency|llm [args]}; shift
+out=${OUT:-gpu-record}
+mkdir -p "$out"
+tree=$(git describe --always --dirty --abbrev=40 2>/dev/null || echo "${PREFECT_EXECUTORCH_BENCHMARK_TREE:-unknown}")
+export PREFECT_EXECUTORCH_BENCHMARK_TREE=$tree PREFECT_EXECUTORCH_BENCHMARK_RESULTS=$out PYTHONUNBUFFERED=1
+{
+  echo "tree: $tree"
+  echo "started: $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
+  python3 -c 'from importlib.metadata import version
+print("stack:", *(f"{name} {version(name)}" for name in ("torch", "executorch", "triton", "torchao",
+      "torch-tensorrt-executorch-runtime", "transformers", "prefect-executorch")))'
+} > "$out/stack-$step.txt" 2>&1
+case $step in
+  tests)
+    python3 -m pytest -m "cuda or tensorrt" -n 8 -ra --junitxml "$out/junit-cuda.xml" "$@" 2>&1 | tee "$out/pytest-cuda.log";;
+  latency)
+    python3 benchmarks/gpu_latency.py "$@" 2>&1 | tee "$out/gpu_latency.log";;
+  llm)
+    python3 benchmarks/llm.py --target cuda --cuda-graphs "$@" 2>&1 | tee "$out/llm_cuda.log";;
+  *) echo "gpu_record.sh: unknown step $step (tests, latency, llm)" >&2; exit 2;;
+esac
+status=${PIPESTATUS[0]}
+echo "finished: $(date -u +%FT%TZ) rc=$status" >> "$out/stack-$step.txt"
+exit "$status"
