@@ -92,3 +92,21 @@ def _reads(environ: Path, marker: bytes) -> bool:
         return marker + b"\0" in environ.read_bytes() + b"\0"
     except OSError:
         return False
+
+
+def test_every_temporary_folder_of_the_package_is_made_in_a_scratch_folder() -> None:
+    """Only scratch.py makes folders in the system's temporary folder (owned, swept after a kill); every other
+    temporary folder or file is made inside a folder the caller gave (``dir=``)."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "src" / "prefect_executorch"
+    makers = {"mkdtemp", "TemporaryDirectory", "mkstemp", "NamedTemporaryFile", "TemporaryFile"}
+    loose = []
+    for source in sorted(package.rglob("*.py")):
+        if source.name == "scratch.py":
+            continue
+        for node in ast.walk(ast.parse(source.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in makers
+                    and not any(keyword.arg == "dir" for keyword in node.keywords)):
+                loose.append(f"{source.relative_to(package)}:{node.lineno}")
+    assert loose == []

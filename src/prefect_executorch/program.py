@@ -13,13 +13,13 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import InvalidProgram, ToolchainMismatch
+from prefect_executorch.scratch import scratch_dir
 
 #: ExecuTorch ScalarType names -> spec dtype names.
 _SCALAR_TYPES = {
@@ -106,15 +106,16 @@ def program_json(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     root = _executorch_dir()
     schema = root / "exir" / "_serialize" / "program.fbs"
-    with tempfile.TemporaryDirectory(prefix="pte-") as tmp:
-        binary = Path(tmp) / "program.bin"
+    # An owned scratch folder (scratch.py), swept if this process is killed mid-read.
+    with scratch_dir("pte") as tmp:
+        binary = tmp / "program.bin"
         binary.write_bytes(_flatbuffer(path))
         done = subprocess.run(
-            [_flatc(root), "--json", "--strict-json", "--defaults-json", "--raw-binary", "-o", tmp, str(schema), "--",
+            [_flatc(root), "--json", "--strict-json", "--defaults-json", "--raw-binary", "-o", str(tmp), str(schema), "--",
              str(binary)],
             capture_output=True, text=True, timeout=120,
         )
-        out = Path(tmp) / "program.json"
+        out = tmp / "program.json"
         if done.returncode != 0 or not out.is_file():
             raise InvalidProgram(f"{path} is not a readable ExecuTorch program: {(done.stderr or done.stdout).strip()}")
         text = _NON_FINITE.sub(lambda m: m.group(1) + ("Infinity" if m.group(2) == "inf" else "NaN"), out.read_text())

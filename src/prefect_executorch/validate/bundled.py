@@ -8,7 +8,9 @@ check (``prefect-executorch verify``), or ``executor_runner --bundleio_path`` fr
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,7 @@ from pydantic import BaseModel, Field
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
 from prefect_executorch.machine.runtime_extension import runtime_extension
+from prefect_executorch.scratch import scratch_dir as owned_scratch_dir
 from prefect_executorch.targets import get_target
 from prefect_executorch.validate.loaded_program import describe_runtime_error
 from prefect_executorch.validate.report import ValidationReport
@@ -257,6 +260,17 @@ def verify_bundled_in_child(request: dict[str, Any]) -> BundledCheck:
     return BundledCheck(results=results)
 
 
+@contextlib.contextmanager
+def _child_scratch(parent: Path | None) -> Iterator[Path]:
+    """A fresh folder for the checking child: in ``parent`` when given, else an owned scratch folder (scratch.py)."""
+    if parent is None:
+        with owned_scratch_dir("bundled") as owned:
+            yield owned
+        return
+    with tempfile.TemporaryDirectory(prefix="bundled-", dir=parent) as folder:
+        yield Path(folder)
+
+
 def verify_bundled(bundle_dir: Path, target: str, data_files: list[str], methods: dict[str, BundledMethod],
                    *, scratch_dir: Path | None = None, settings: BundledSettings | None = None,
                    shown_as: Path | None = None, start: StartMethod | None = None,
@@ -265,10 +279,10 @@ def verify_bundled(bundle_dir: Path, target: str, data_files: list[str], methods
     set up as ``runtime_hints`` say; a crash of the runtime fails it."""
     request = VerifyBundledRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, methods=methods,
                                    runtime_hints=runtime_hints or {})
-    with tempfile.TemporaryDirectory(prefix="bundled-", dir=scratch_dir) as scratch:
+    with _child_scratch(scratch_dir) as scratch:
         try:
             return run_isolated("verify-bundled", request, BundledCheck,
-                                timeout_s=(settings or _bundled_settings()).bundled_timeout_s, scratch_dir=Path(scratch),
+                                timeout_s=(settings or _bundled_settings()).bundled_timeout_s, scratch_dir=scratch,
                                 what=f"the bundled cases of {shown_as or bundle_dir}", start=start)
         except ChildProcessFailed as exc:
             raise ValidationFailed(f"{exc}; the bundled program did not run on this machine",
