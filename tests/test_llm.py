@@ -239,6 +239,12 @@ def test_a_user_builds_verifies_and_generates_with_a_llama_directory(built_llama
     assert f"{len(expected)} tokens by ExecuTorch's LLM runner" in generated.stderr
     from_store = _cli("generate", "tiny-llama", "prefect runs", "--version", "1", cwd=work)
     assert from_store.returncode == 0 and from_store.stdout.startswith("prefect runs"), from_store.stderr[-3000:]
+    # No version or alias: the newest version that runs here, named; a wrong pair is named as generate's.
+    newest = _cli("generate", "tiny-llama", "prefect runs", "--new-tokens", "2", cwd=work)
+    assert newest.returncode == 0 and newest.stdout.startswith("prefect runs"), newest.stderr[-3000:]
+    assert "tiny-llama 1: the newest version that runs here (choose with --version or --alias)" in newest.stderr
+    both = _cli("generate", "tiny-llama", "x", "--version", "1", "--alias", "prod", cwd=work)
+    assert both.returncode == 2 and "generate: give exactly one of --version and --alias" in both.stderr, both.stderr
     inspected = _cli("inspect", "pulled", cwd=work)
     assert "validation passed: 3 prompts through ExecuTorch's LLM runner" in inspected.stdout, inspected.stderr[-2000:]
     assert "get_eos_ids" not in inspected.stdout

@@ -84,11 +84,15 @@ def resolve(
     target: str | None = None,
     compat: str | Literal["auto"] = AUTO,
     toolchain: Toolchain | None = None,
+    command: str = "pull",
 ) -> Resolved:
-    """Pick the bundle to pull: by version or alias, narrowed by target, and by compat key or fit to this machine."""
+    """Pick the bundle to pull: by version or alias, narrowed by target, and by compat key or fit to this machine.
+
+    ``command`` names the command that asked, in its messages.
+    """
     check_name(name, "name")
     if (version is None) == (alias is None):
-        raise SpecError("pull: give exactly one of --version and --alias")
+        raise SpecError(f"{command}: give exactly one of --version and --alias")
     if target is not None:
         check_name(target, "target")
     if compat != AUTO:
@@ -157,3 +161,23 @@ def _resolve_alias(store: ObjectStore, name: str, alias: str, target: str | None
                 "promote a fitting bundle")
     return Resolved(key=record.bundle_key(), manifest_sha256=record.manifest_sha256, alias=record,
                     reason=f"alias {alias}")
+
+
+def newest_fitting_version(store: ObjectStore, name: str, toolchain: Toolchain) -> str:
+    """The newest version of ``name`` (PEP 440 order; versions it cannot read order as text, before the rest) with a
+    bundle that fits this machine."""
+    from packaging.version import InvalidVersion, Version
+
+    def order(version: str) -> tuple[int, Version | str]:
+        try:
+            return 1, Version(version)
+        except InvalidVersion:
+            return 0, version
+
+    require_model(store, name)
+    published = list_bundles(store, name)
+    fitting = {k.version for k in published if fit(k.compat, toolchain).ok}
+    if not fitting:
+        raise ToolchainMismatch(f"no bundle of {name} fits this machine ({_machine(toolchain)}); published: "
+                                f"{_describe(published)}")
+    return max(fitting, key=order)

@@ -191,12 +191,15 @@ def generate(
     bundle: str = typer.Argument(..., metavar="BUNDLE", help="A decoder-LM bundle: its folder, or its model name in the store."),
     prompt: str = typer.Argument(..., metavar="PROMPT", help="Text to continue."),
     new_tokens: int = typer.Option(32, "--new-tokens", min=1, help="Tokens to generate at most (greedy)."),
-    version: str | None = typer.Option(None, "--version", help="Version to use (with a model name)."),
+    version: str | None = typer.Option(None, "--version", help="Version to use (with a model name; default: the newest "
+                                       "that runs on this machine)."),
     alias: str | None = typer.Option(None, "--alias", help="Alias to use (with a model name): prod, staging..."),
     store: StoreOption = None,
     endpoint_url: EndpointOption = None,
 ) -> None:
-    """Continue PROMPT with a decoder-LM bundle (ExecuTorch's LLM runner; a cuda bundle one token per call); print the text and its speed."""
+    """Continue PROMPT with a decoder-LM bundle (ExecuTorch's LLM runner; a cuda bundle one token per call); print the text and its speed.
+
+    A model name without --version or --alias runs its newest version that fits this machine, and says which."""
     from prefect_executorch.artifacts import publishing
     from prefect_executorch.artifacts.manifest import MANIFEST_FILE
     from prefect_executorch.scratch import scratch_dir
@@ -207,10 +210,17 @@ def generate(
         if "/" in bundle or (Path(bundle) / MANIFEST_FILE).is_file():
             folder, manifest = Path(bundle), publishing.verify_bundle_dir(Path(bundle))
         else:
-            from prefect_executorch.artifacts.catalog import resolve
+            from prefect_executorch.artifacts.catalog import newest_fitting_version, resolve
+            from prefect_executorch.machine.toolchain import probe
 
             opened = open_for_reading(store, endpoint_url)
-            resolved = resolve(opened, bundle, version=version, alias=alias, compat="auto")
+            toolchain = probe()
+            if version is None and alias is None:
+                version = newest_fitting_version(opened, bundle, toolchain)
+                err_console.print(f"{bundle} {version}: the newest version that runs here (choose with --version or "
+                                  "--alias)", highlight=False)
+            resolved = resolve(opened, bundle, version=version, alias=alias, compat="auto", toolchain=toolchain,
+                               command="generate")
             folder = scratch / "bundle"
             manifest = publishing.pull(opened, resolved.key, folder, manifest_sha256=resolved.manifest_sha256)
         if not any(entry.role == "generation" for entry in manifest.files):
