@@ -26,6 +26,12 @@ class InvalidSetting(SpecError):
     """A ``PREFECT_EXECUTORCH_*`` setting (environment, .env, prefect.toml or profile) has a value it cannot take."""
 
 
+class PrefectApiUnreachable(PrefectExecutorchError):
+    """The Prefect server ``PREFECT_API_URL`` names does not answer, or is no Prefect API: a configuration to fix."""
+
+    exit_code = 2
+
+
 class ToolchainMismatch(PrefectExecutorchError):
     """This machine's toolchain cannot build or run what was asked for."""
 

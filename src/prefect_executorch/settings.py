@@ -169,6 +169,9 @@ class ExecutorchSettings(PrefectBaseSettings):
     result_storage: str | None = Field(
         default=None, description="Where build flows persist task results when given none: a directory, or "
         "block:<type>/<name> for a storage block (an s3-bucket block for a fleet); unset: Prefect's default.")
+    api_wait_s: float = Field(
+        default=30.0, ge=0, description="How long a command or flow waits for the Prefect server PREFECT_API_URL names "
+        "to answer (a server still starting) before it stops with one line.")
     s3: S3Settings = Field(default_factory=S3Settings, description="S3 transfer and retries.")
     signing: SigningSettings = Field(default_factory=SigningSettings, description="Bundle-signing keys.")
     bundled: BundledSettings = Field(default_factory=BundledSettings, description="Bundled validation cases.")

@@ -164,6 +164,10 @@ def promote(
         expect_version=expect_version, max_latency_regression=max_latency_regression,
         allow_output_change=allow_output_change, validation=load_spec(spec_file).validation if spec_file else ValidationSpec())
     opened = open_for_reading(store, endpoint_url)
+    if server_configured():  # its events go there once the alias moved: the server must answer first
+        from prefect_executorch.fleet.server import require_prefect_api
+
+        require_prefect_api()
     promotion = promote_checked(opened, request)
     record = promotion.record
     if as_json:

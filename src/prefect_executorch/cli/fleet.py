@@ -24,6 +24,7 @@ def deploy(
     """Create the work pools and queues the deployments need, `prefect deploy` them, then apply the automations."""
     from prefect_executorch.errors import SpecError
     from prefect_executorch.fleet.deploy import plan_pools, prepare_pools, run_prefect_deploy
+    from prefect_executorch.fleet.server import require_prefect_api
     from prefect_executorch.settings import get_settings
 
     store = store or get_settings().store
@@ -32,6 +33,7 @@ def deploy(
     # Not a setting read: prefect.yaml's {{ $PREFECT_EXECUTORCH_STORE }} takes the chosen store from `prefect deploy`'s env.
     os.environ[STORE_ENV] = store
     plans = plan_pools(prefect_file)
+    require_prefect_api()
     for line in prepare_pools(plans):
         console.print(f"created {line}")
     run_prefect_deploy(prefect_file, project_dir, name)
@@ -63,6 +65,7 @@ def worker(
     from prefect_executorch.errors import ToolchainMismatch
     from prefect_executorch.fleet.deploy import plan_pool, prepare_pools
     from prefect_executorch.fleet.placement import channel_of_pool, describe_worker
+    from prefect_executorch.fleet.server import require_prefect_api
     from prefect_executorch.fleet.worker import (
         WORKER_GPU_ENV,
         ExecutorchWorker,
@@ -71,6 +74,7 @@ def worker(
         worker_toolchain,
     )
 
+    require_prefect_api()
     toolchain = worker_toolchain()  # in a child: the worker itself never imports torch nor holds a CUDA context
     if gpu is not None and gpu not in [g.index for g in toolchain.gpus]:
         raise ToolchainMismatch(f"--gpu: no GPU {gpu} here; this machine has {describe_worker(toolchain)}")
@@ -108,10 +112,12 @@ def retrain(
 
     from prefect_executorch.errors import SpecError
     from prefect_executorch.fleet.retrain_event import EVENT, emit_retrain, parse_request
+    from prefect_executorch.fleet.server import require_prefect_api
     from prefect_executorch.hashing import sha256_file
 
     if not PREFECT_API_URL.value():
         raise SpecError("PREFECT_API_URL: not set; point it at the server that runs the retrain deployment")
+    require_prefect_api()
     if sha256 is None and "://" not in weights and Path(weights).is_file():
         sha256 = sha256_file(weights)
     request = parse_request({"name": name, "weights_uri": weights, "weights_sha256": sha256, "version": version,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import flow
 from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.publishing import BundleRef
 from prefect_executorch.fleet.placement import Placement
+from prefect_executorch.fleet.server import api_checked_flow
 from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.build import build_and_publish, check_published
@@ -17,7 +17,7 @@ from prefect_executorch.tasks.probe import check_buildable, check_placement, pro
 from prefect_executorch.tasks.weights import fetch_weights
 
 
-@flow(name="build-bundle", flow_run_name="build-{spec.name}-{spec.version}-{spec.target.kind}", persist_result=True)
+@api_checked_flow(name="build-bundle", flow_run_name="build-{spec.name}-{spec.version}-{spec.target.kind}", persist_result=True)
 def build_bundle(
     spec: BuildSpec,
     store: str | Block,

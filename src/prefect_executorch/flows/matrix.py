@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from prefect import flow
 from prefect.futures import PrefectFuture
 from prefect.runtime import deployment
 from prefect.states import Failed, State
@@ -10,6 +9,7 @@ from prefect.utilities.annotations import quote
 
 from prefect_executorch.artifacts.publishing import BundleRef
 from prefect_executorch.fleet.placement import MatrixCell
+from prefect_executorch.fleet.server import api_checked_flow
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.dispatch import (
@@ -23,7 +23,7 @@ from prefect_executorch.tasks.dispatch import (
 )
 
 
-@flow(name="build-matrix", flow_run_name="matrix-{spec.name}-{spec.version}")
+@api_checked_flow(name="build-matrix", flow_run_name="matrix-{spec.name}-{spec.version}")
 def build_matrix(
     spec: BuildSpec,
     targets: list[MatrixCell],

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from prefect import flow
 from prefect.blocks.core import Block
 
 from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import PromotionRequest
 from prefect_executorch.defaults import MAX_LATENCY_REGRESSION
+from prefect_executorch.fleet.server import api_checked_flow
 from prefect_executorch.spec.buildspec import ValidationSpec
 from prefect_executorch.tasks.promote import promote_alias
 
 
-@flow(name="promote-bundle", flow_run_name="promote-{name}-{version}-to-{alias}")
+@api_checked_flow(name="promote-bundle", flow_run_name="promote-{name}-{version}-to-{alias}")
 def promote(
     name: str,
     version: str,

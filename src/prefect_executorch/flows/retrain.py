@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import flow
-
 from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import PromotionRequest
 from prefect_executorch.fleet.placement import MatrixCell
 from prefect_executorch.fleet.retrain_event import parse_request, promotion_aliases
+from prefect_executorch.fleet.server import api_checked_flow
 from prefect_executorch.flows.matrix import build_matrix
 from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.buildspec import BuildSpec
@@ -18,7 +17,7 @@ from prefect_executorch.tasks.promote import promote_alias
 from prefect_executorch.tasks.weights import fetch_weights
 
 
-@flow(name="retrain", flow_run_name="retrain-{name}")
+@api_checked_flow(name="retrain", flow_run_name="retrain-{name}")
 def retrain(
     name: str,
     weights_uri: str,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import flow
-
+from prefect_executorch.fleet.server import api_checked_flow
 from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.tasks.probe import check_buildable, probe_toolchain
@@ -14,7 +13,7 @@ from prefect_executorch.tasks.validate import validate_pulled
 from prefect_executorch.validate.report import ValidationReport
 
 
-@flow(name="revalidate-bundle", flow_run_name="revalidate-{name}-{alias_or_version}")
+@api_checked_flow(name="revalidate-bundle", flow_run_name="revalidate-{name}-{alias_or_version}")
 def revalidate(
     name: str, alias_or_version: str, store: str, spec: BuildSpec, output: str | None = None
 ) -> ValidationReport:
