@@ -5,15 +5,16 @@
 #   gpu_record.sh latency   benchmarks/gpu_latency.py (gpu_latency.json, gpu_latency.log); extra args passed on
 #   gpu_record.sh llm       benchmarks/llm.py --target cuda --cuda-graphs (llm_cuda.json, llm_cuda.log)
 #
-# Every step first writes stack-<step>.txt: the tree (`git describe --dirty` of this copy, or
-# $PREFECT_EXECUTORCH_BENCHMARK_TREE where the copy has no .git), the GPU, its driver and the stack's versions.
+# Every step first writes stack-<step>.txt: the tree ($PREFECT_EXECUTORCH_BENCHMARK_TREE where the sender of a copy
+# without .git set it, else `git describe --dirty`), the GPU, its driver and the stack's versions.
 # Run on a GPU worker with the stack (docs/cuda.md; an offline host: ../shared/gpu/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 step=${1:?usage: gpu_record.sh tests|latency|llm [args]}; shift
 out=${OUT:-gpu-record}
 mkdir -p "$out"
-tree=$(git describe --always --dirty --abbrev=40 2>/dev/null || echo "${PREFECT_EXECUTORCH_BENCHMARK_TREE:-unknown}")
+# A copy sent without its .git names its tree in the environment; inside a checkout, git says it.
+tree=${PREFECT_EXECUTORCH_BENCHMARK_TREE:-$(git describe --always --dirty --abbrev=40 2>/dev/null || echo unknown)}
 export PREFECT_EXECUTORCH_BENCHMARK_TREE=$tree PREFECT_EXECUTORCH_BENCHMARK_RESULTS=$out PYTHONUNBUFFERED=1
 {
   echo "tree: $tree"
