@@ -121,8 +121,16 @@ def exported(models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 def test_models_nobody_here_wrote_generate_what_eager_does_through_the_runner(
     exported: dict[str, tuple[ExportedProgramDir, Any]], models: Path, architecture: str,
 ) -> None:
-    """Gemma 3's sliding window (8 positions) is passed: prompt + 12 new tokens run past it."""
+    """Gemma 3's sliding window (8 positions) is passed: prompt + 12 new tokens run past it. The others run ExecuTorch's
+    custom SDPA and KV-cache ops; Gemma 3 (its window shorter than the cache) its own attention, and the build says so.
+    Every program takes the prompt in one call."""
+    from prefect_executorch.program import read_program
+
     export, report = exported[architecture]
+    operators = {op for facts in read_program(export.path / "model.pte").values() for op in facts.operators}
+    custom = architecture != "gemma3_text"
+    assert ("llama::custom_sdpa.out" in operators and "llama::update_cache.out" in operators) == custom
+    assert any("sliding-window layers attend to the last 8 positions" in note for note in export.warnings) != custom
     generation = report.generation
     assert report.passed, report.describe_worst()
     assert generation is not None and len(generation.cases) == 3
@@ -252,20 +260,28 @@ def test_a_user_builds_verifies_and_generates_with_a_llama_directory(built_llama
     assert tensor_bundle.returncode == 2 and "has no manifest.json" in tensor_bundle.stderr, tensor_bundle.stderr
 
 
-def test_the_token_by_token_path_generates_what_the_llm_runner_does(built_llama: Path) -> None:
-    """What drives a decoder LM where the runtime has no LLM runner (CUDA's): the program's forward once per token,
-    greedy, stopping at the program's own end-of-sequence ids; on CPU it must make the runner's very tokens."""
-    from prefect_executorch.validate.generation import LlmRunner, TokenByToken
+def test_the_forward_calls_path_generates_what_the_llm_runner_does(built_llama: Path) -> None:
+    """What drives a decoder LM where the runtime has no LLM runner (CUDA's): the program's forward called here, the
+    prompt in one call (the program takes a sequence: its enable_dynamic_shape), then a token a call, greedy, stopping
+    at the program's own end-of-sequence ids; on CPU it must make the runner's very tokens."""
+    from prefect_executorch.validate.generation import ForwardCalls, LlmRunner
     from prefect_executorch.validate.loaded_program import LoadedProgram
 
     bundle = built_llama / "pulled"
-    by_token = TokenByToken(LoadedProgram(bundle / "model.pte"), bundle / TOKENIZER_FILE)
+    calls = ForwardCalls(LoadedProgram(bundle / "model.pte"), bundle / TOKENIZER_FILE)
     runner = LlmRunner(bundle / "model.pte", bundle / TOKENIZER_FILE)
-    assert by_token.eos == {1}  # the program's get_eos_ids: the tiny model's eos_token_id
+    assert calls.eos == {1}  # the program's get_eos_ids: the tiny model's eos_token_id
+    assert calls.sequence and calls.chunk == 39  # max_seq_len 40: up to 39 tokens a call into 40 positions
     for prompt in ("the quick brown", "prefect runs", "1, 2, 3,"):
-        pieces, stats = by_token.greedy(prompt, 12)
+        pieces, stats = calls.greedy(prompt, 12)
         assert pieces and pieces == runner.greedy(prompt, 12)[0]
         assert stats.decode_tokens_per_s and stats.prefill_tokens_per_s and stats.time_to_first_token_ms
+    # The same logits whether the prompt comes in one call or a token a call.
+    ids = calls.tokenizer.encode("prefect runs flows", add_special_tokens=False).ids
+    whole = calls.logits(ids, 0)
+    one_by_one = [calls.next_logits(token, position) for position, token in enumerate(ids)]
+    for row, single in zip(whole, one_by_one, strict=True):
+        assert float((row - single).abs().max()) < 1e-4
 
 
 def test_generate_hands_over_the_text_as_the_child_makes_it(built_llama: Path) -> None:

@@ -1,4 +1,5 @@
-"""Child side of an LLM export: transformers' ExecuTorch wrapper, lowered with the metadata the LLM runner reads."""
+"""Child side of an LLM export: the decoder with a static KV cache (ExecuTorch's custom SDPA and cache ops on CPU
+targets, else transformers' ExecuTorch wrapper), the prompt in one call, lowered with the metadata the LLM runner reads."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prefect_executorch.errors import ExportFailed
+from prefect_executorch.errors import ExportFailed, SpecError
+from prefect_executorch.export.llm_attention import custom_ops_module, custom_ops_problem
 from prefect_executorch.export.quantize import QuantizationFacts, build_facts, quantize_model
 from prefect_executorch.export.stages import run_lowering, summary
 from prefect_executorch.spec.buildspec import BuildSpec
@@ -21,21 +23,29 @@ from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.targets.base import Lowered, Target
 
 if TYPE_CHECKING:
+    from torch.export import ExportedProgram
     from transformers import PreTrainedModel
 
 
-def runner_metadata(spec: BuildSpec, model: PreTrainedModel) -> dict[str, Any]:
-    """The constant methods ExecuTorch's LLM runner reads from a program (extension/llm/runner/constants.h)."""
+#: The example prompt length of the export: above 1, so that torch.export keeps the sequence dimension dynamic.
+EXAMPLE_TOKENS = 2
+
+
+def runner_metadata(spec: BuildSpec, model: PreTrainedModel, custom_ops: bool) -> dict[str, Any]:
+    """The constant methods ExecuTorch's LLM runner reads from a program (extension/llm/runner/constants.h).
+
+    The program takes up to ``max_seq_len - 1`` tokens a call (the runner prefills a prompt in one call, chunked at
+    that) into a cache of ``max_seq_len`` positions.
+    """
     assert spec.llm is not None
     config = model.config.get_text_config()
     metadata: dict[str, Any] = {
-        "get_max_seq_len": spec.llm.max_seq_len,
+        "get_max_seq_len": spec.llm.max_seq_len - 1,
         "get_max_context_len": spec.llm.max_seq_len,
         "get_vocab_size": config.vocab_size,
         "use_kv_cache": True,
-        # One token per call: transformers' static-cache program is exported for a single position.
-        "enable_dynamic_shape": False,
-        "use_sdpa_with_kv_cache": False,
+        "enable_dynamic_shape": True,
+        "use_sdpa_with_kv_cache": custom_ops,
     }
     if config.bos_token_id is not None:
         metadata["get_bos_id"] = config.bos_token_id
@@ -44,19 +54,62 @@ def runner_metadata(spec: BuildSpec, model: PreTrainedModel) -> dict[str, Any]:
     return metadata
 
 
+def attention_choice(spec: BuildSpec, target: Target, model: PreTrainedModel) -> tuple[bool, str | None]:
+    """Whether the export uses ExecuTorch's custom SDPA and KV-cache ops, and a note when ``auto`` could not."""
+    assert spec.llm is not None
+    asked = spec.llm.attention
+    if asked == "transformers":
+        return False, None
+    if target.device != "cpu":
+        if asked == "executorch":
+            raise SpecError(f"llm.attention: executorch: ExecuTorch's custom SDPA and KV-cache ops run on its CPU "
+                            f"runtime, not in target {target.name}'s backend; use attention: auto or transformers")
+        return False, None
+    problem = custom_ops_problem(model, spec.llm.max_seq_len)
+    if problem is None:
+        return True, None
+    if asked == "executorch":
+        raise SpecError(f"llm.attention: executorch: {problem}; use attention: auto or transformers")
+    return False, f"attention: the model's own (transformers'), not ExecuTorch's custom ops: {problem}"
+
+
+def _export(model: Any, custom_ops: bool, length: int) -> ExportedProgram:
+    """The decoder exported for ``1..length-1`` tokens a call from ``cache_position[0]``."""
+    import torch
+    from torch.export import Dim
+
+    tokens = Dim("seq_length", min=1, max=length - 1)
+    dynamic = {"input_ids": {1: tokens}, "cache_position": {0: tokens}}
+    example = {"input_ids": torch.zeros((1, EXAMPLE_TOKENS), dtype=torch.long, device=model.device),
+               "cache_position": torch.arange(EXAMPLE_TOKENS, dtype=torch.long, device=model.device)}
+    if not custom_ops:
+        from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+        # strict: the non-strict export of this wrapper fails in ExecuTorch's lowering (run_decompositions:
+        # "expected compiled_fn to be GraphModule").
+        return TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=length).export(
+            **example, dynamic_shapes=dynamic, strict=True)
+    from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes
+
+    program = torch.export.export(custom_ops_module(model, length), (), example, dynamic_shapes=dynamic, strict=True)
+    # The cache's transposes into transformers' layout and the attention's back cancel out: removed, and exported again.
+    untransposed = RemoveRedundantTransposes()(program.module())[0]
+    return torch.export.export(untransposed, (), example, dynamic_shapes=dynamic, strict=True)
+
+
 def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, QuantizationFacts | None]:
-    """Export the spec's decoder LM (quantized, if the spec says so) with a static KV cache and lower it, with its
-    metadata and tokenizer, into ``out_dir``."""
+    """Export the spec's decoder LM (quantized, if the spec says so) with a static KV cache, the prompt in one call,
+    and lower it, with its metadata and tokenizer, into ``out_dir``."""
     import torch
     from transformers import GenerationConfig
-    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     assert spec.llm is not None
     tokenizer = load_tokenizer(spec)
     loaded = load_causal_lm(spec)
     check_vocabulary(loaded, tokenizer)
     check_prompt_lengths(spec, tokenizer)
-    metadata = runner_metadata(spec, loaded)
+    custom_ops, note = attention_choice(spec, target, loaded)
+    metadata = runner_metadata(spec, loaded, custom_ops)
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
     # torchao's int8da4w linears, as ExecuTorch's LLM recipes quantize them; a float build: the model itself,
     # on the target's device in its compute type.
@@ -67,13 +120,12 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
                                                cache_config={"batch_size": 1, "max_cache_len": length})
     with torch.no_grad():
         try:
-            exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=length)
-            program = exportable.export(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model.device),
-                                        cache_position=torch.zeros(1, dtype=torch.long, device=model.device))
+            program = _export(model, custom_ops, length)
         except Exception as exc:  # transformers and torch.export raise many types
             raise ExportFailed(f"stage torch.export: the {model.config.model_type} model in {spec.model} does not "
                                f"export with a static KV cache of {length} positions: {summary(exc)}") from exc
         lowered = run_lowering(lambda: target.lower({"forward": program}, spec, out_dir, constant_methods=metadata),
                                target.name)
     shutil.copyfile(spec.llm.tokenizer_path(spec.model), out_dir / TOKENIZER_FILE)
-    return lowered, facts
+    notes = [*lowered.notes, *([note] if note else [])]
+    return lowered.model_copy(update={"notes": notes}), facts

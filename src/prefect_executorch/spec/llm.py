@@ -1,13 +1,15 @@
 """The ``llm:`` section of a spec: a decoder language model from a local Hugging Face model directory.
 
 With it, ``model`` names that directory (``config.json``, safetensors weights, ``tokenizer.json``) and the
-program is the one ExecuTorch's LLM runner drives: one token per call into a static KV cache, with the
-metadata methods the runner reads (``export/causal_lm.py``). Validation is by generation (``validate/generation.py``).
+program is the one ExecuTorch's LLM runner drives: the prompt in one call, then one token a call, into a static KV
+cache, with the metadata methods the runner reads (``export/causal_lm.py``). Validation is by generation
+(``validate/generation.py``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -38,6 +40,10 @@ class TextGenerationSpec(StrictModel):
         description="Validation prompts: each is generated greedily by eager PyTorch and by the program.",
     )
     new_tokens: int = Field(32, ge=1, description="Tokens generated per prompt; fp32 must match eager's, token for token.")
+    attention: Literal["auto", "executorch", "transformers"] = Field(
+        "auto", description="executorch: ExecuTorch's custom SDPA and KV-cache update ops (CPU targets; what its LLM "
+        "export uses); transformers: the model's own attention over transformers' static cache; auto: executorch where "
+        "the target and the model allow it.")
     min_top1_agreement: float = Field(
         0.9, ge=0, le=1, description="Gate of quantized builds: share of positions where the program's most likely "
         "next token is fp32 eager's, fed eager's tokens (teacher-forced).")

@@ -28,7 +28,7 @@ from prefect_executorch.spec.causal_lm import (
 )
 from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.targets import get_target
-from prefect_executorch.validate.loaded_program import LoadedProgram
+from prefect_executorch.validate.loaded_program import LoadedProgram, register_custom_op_kernels
 from prefect_executorch.validate.replay import check_replay
 from prefect_executorch.validate.report import (
     GateResult,
@@ -55,14 +55,19 @@ class GenerationCases(BaseModel):
 
 
 def eager_greedy(model: PreTrainedModel, prompt_ids: list[int], new_tokens: int) -> list[int]:
-    """Eager PyTorch's greedy continuation of ``prompt_ids`` (its default dynamic cache)."""
+    """Eager PyTorch's plain greedy continuation of ``prompt_ids``: the argmax after each token, to ``new_tokens`` or an
+    end-of-sequence id, with no logits processor (a model's ``generation_config.json`` may add a repetition penalty,
+    say, which the runner does not apply: the rule is the runner's on both sides)."""
     import torch
 
-    ends = eos_ids(model)
-    generated = model.generate(  # type: ignore[operator]
-        torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False, num_beams=1, eos_token_id=ends or None,
-        pad_token_id=ends[0] if ends else 0)
-    return [int(token) for token in generated[0, len(prompt_ids):]]
+    ends = set(eos_ids(model))
+    output = model(torch.tensor([prompt_ids]), use_cache=True)
+    tokens: list[int] = []
+    while True:
+        tokens.append(int(output.logits[0, -1].argmax()))
+        if len(tokens) == new_tokens or tokens[-1] in ends:
+            return tokens
+        output = model(torch.tensor([[tokens[-1]]]), past_key_values=output.past_key_values, use_cache=True)
 
 
 class Generator(Protocol):
@@ -83,6 +88,7 @@ def load_runner(program: Path, tokenizer: Path) -> Any:
     from executorch.extension.llm.runner import TextLLMRunner
 
     runtime_extension()  # registers the quantized kernels (a program with quantized embeddings needs them)
+    register_custom_op_kernels()  # and ExecuTorch's LLM ops (custom SDPA, KV-cache update)
     return TextLLMRunner(str(program), str(tokenizer))
 
 
@@ -112,31 +118,46 @@ class LlmRunner:
         return pieces, GenerationStats.of(stats[-1]) if stats else GenerationStats()
 
 
-class TokenByToken:
-    """The program's ``forward`` called once per token through ExecuTorch's runtime, as the LLM runner does
-    without a dynamic sequence: where the runtime that has a program's delegate ships no LLM runner (the
-    runtime wheel with ``CudaBackend``), this generates, with the program's own end-of-sequence ids."""
-
-    name = "ExecuTorch's runtime, one token per call (this runtime has no LLM runner)"
+class ForwardCalls:
+    """The program's ``forward`` called here through ExecuTorch's runtime, as the LLM runner calls it: the prompt in one
+    call where the program takes a sequence (its ``enable_dynamic_shape``; chunked at its ``get_max_seq_len``), else a
+    token a call, then one token a call. Where the runtime that has a program's delegate ships no LLM runner (the
+    runtime wheel with ``CudaBackend``) this generates, with the program's own end-of-sequence ids; validation's
+    teacher-forced pass feeds every program through it."""
 
     def __init__(self, program: LoadedProgram, tokenizer: Path) -> None:
         from tokenizers import Tokenizer
 
         self.program, self.tokenizer = program, Tokenizer.from_file(str(tokenizer))
-        self.eos = {int(token) for token in program.execute("get_eos_ids", ())} if "get_eos_ids" in program.facts else set()
+        self.eos = {int(token) for token in self._constant("get_eos_ids", [])}
+        self.sequence = bool(self._constant("enable_dynamic_shape", [False])[0])
+        self.chunk = int(self._constant("get_max_seq_len", [1])[0]) if self.sequence else 1
+        self.name = ("ExecuTorch's runtime, the prompt in one call (this runtime has no LLM runner)" if self.sequence
+                     else "ExecuTorch's runtime, one token per call (this runtime has no LLM runner)")
 
-    def next_logits(self, token: int, position: int) -> torch.Tensor:
-        """The next-token logits after ``token`` at ``position`` (the cache holds what came before)."""
+    def _constant(self, method: str, default: list[Any]) -> list[Any]:
+        return list(self.program.execute(method, ())) if method in self.program.facts else default
+
+    def logits(self, tokens: list[int], start: int) -> torch.Tensor:
+        """The logits after each of ``tokens``, fed from cache position ``start`` (the cache holds what came before)."""
         import torch
 
-        return self.program.execute("forward", (torch.tensor([[token]]), torch.tensor([position])))[0][0, -1]
+        rows = []
+        for offset in range(0, len(tokens), self.chunk):
+            piece = tokens[offset:offset + self.chunk]
+            positions = torch.arange(start + offset, start + offset + len(piece))
+            rows.append(self.program.execute("forward", (torch.tensor([piece]), positions))[0][0])
+        return torch.cat(rows)
+
+    def next_logits(self, token: int, position: int) -> torch.Tensor:
+        """The next-token logits after ``token`` at ``position``."""
+        return self.logits([token], position)[-1]
 
     def greedy(self, prompt: str, new_tokens: int,
                on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
         ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
         started = time.perf_counter()
-        for position, token in enumerate(ids):
-            logits = self.next_logits(token, position)
+        logits = self.logits(ids, 0)[-1]
         prefilled = time.perf_counter()
         pieces: list[str] = []
         while True:
@@ -158,24 +179,23 @@ class TokenByToken:
 def open_generator(program: Path, tokenizer: Path, target: str, data: Path | None = None,
                    hints: Mapping[str, Any] | None = None) -> Generator:
     """What generates with ``program`` on ``target``: ExecuTorch's LLM runner where its runtime ships one, else
-    the program one token per call through the runtime that has the target's delegate, set up as the bundle's
+    the program's forward called here through the runtime that has the target's delegate, set up as the bundle's
     runtime ``hints`` say (CUDA-graph replay)."""
     chosen = get_target(target)
     if chosen.llm_runner:
         return LlmRunner(program, tokenizer)
     chosen.runtime_setup(hints)
-    return TokenByToken(LoadedProgram(program, data), tokenizer)
+    return ForwardCalls(LoadedProgram(program, data), tokenizer)
 
 
-def teacher_forced(program: TokenByToken, model: PreTrainedModel, prompt_ids: list[int],
+def teacher_forced(program: ForwardCalls, model: PreTrainedModel, prompt_ids: list[int],
                    continuation: list[int]) -> TeacherForced:
-    """The program fed the prompt and ``continuation`` one token per call, against fp32 eager."""
+    """The program fed the prompt and ``continuation`` (in one call where it takes a sequence), against fp32 eager."""
     import torch
 
     tokens = prompt_ids + continuation
     start = len(prompt_ids) - 1  # the logits that predict the continuation
-    logits = [program.next_logits(token, position) for position, token in enumerate(tokens[:-1])][start:]
-    program_logits = torch.stack(logits).float()
+    program_logits = program.logits(tokens[:-1], 0)[start:].float()
     eager = model(torch.tensor([tokens])).logits[0, start:-1].float()
     target = torch.tensor(continuation)
     return TeacherForced(
@@ -214,7 +234,7 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
     load_seconds = time.monotonic() - started
     # A replayed forward must be shown equal to a direct one before the prompts run on the replays.
     replay = [check_replay("forward", lambda: [generator.next_logits(0, 0)])
-              for _ in hints.get("cuda_graph_methods") or [] if isinstance(generator, TokenByToken)]
+              for _ in hints.get("cuda_graph_methods") or [] if isinstance(generator, ForwardCalls)]
     tokenizer = load_tokenizer(spec)
     model = load_causal_lm(spec)
     check_vocabulary(model, tokenizer)
@@ -227,8 +247,8 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
             expected = [tokenizer.decode([token], skip_special_tokens=False) for token in tokens]
             actual, timing = generator.greedy(prompt, spec.llm.new_tokens)
             # Its own load where a process may hold two programs: the cache state starts empty.
-            forced_by = generator if isinstance(generator, TokenByToken) and target.one_program_per_process else \
-                TokenByToken(LoadedProgram(program, data), bundle / TOKENIZER_FILE)
+            forced_by = generator if isinstance(generator, ForwardCalls) and target.one_program_per_process else \
+                ForwardCalls(LoadedProgram(program, data), bundle / TOKENIZER_FILE)
             case = compare_generation(prompt, len(prompt_ids), expected, actual)
             cases.append(case.model_copy(update={"forced": teacher_forced(forced_by, model, prompt_ids, tokens)}))
             timings.append(timing)

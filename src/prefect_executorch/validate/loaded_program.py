@@ -40,6 +40,15 @@ def _describe(tensor: torch.Tensor) -> str:
     return f"{str(tensor.dtype).removeprefix('torch.')} {list(tensor.shape)}"
 
 
+#: ExecuTorch's LLM ops (custom SDPA, KV-cache update): kernels that its custom-ops library registers when loaded.
+CUSTOM_OPS_NAMESPACE = "llama::"
+
+
+def register_custom_op_kernels() -> None:
+    """Register ExecuTorch's LLM custom-op kernels in this process's runtime (before a program that calls them loads)."""
+    from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401 - its library registers the kernels
+
+
 class LoadedProgram:
     """A program loaded by the ExecuTorch runtime, with its facts for input checks."""
 
@@ -52,6 +61,8 @@ class LoadedProgram:
         if self.missing_backends:
             # Loading would succeed and every call fail with a bare 0x20: say what to install now.
             raise ToolchainMismatch(f"cannot run {pte.name}: " + self._install_hints(channel))
+        if any(op.startswith(CUSTOM_OPS_NAMESPACE) for facts in self.facts.values() for op in facts.operators):
+            register_custom_op_kernels()
         try:
             self._module = portable_lib._load_for_executorch(str(pte), str(data) if data else None)
         except RuntimeError as exc:
