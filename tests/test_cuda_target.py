@@ -359,3 +359,21 @@ def test_a_replay_passes_only_when_the_runtime_captured_it_and_its_outputs_equal
     check = check_replay("forward", _calls(log_on, drift_on))
     assert check.calls == 5
     assert (check.problem is None) if problem is None else (problem in (check.problem or ""))
+
+
+def test_a_decoder_lm_replays_a_one_token_forward_and_a_one_call_prefill_is_refused_beside_graphs(
+        h200: Toolchain, tmp_path: Path) -> None:
+    from prefect_executorch.testing.tiny_llm import write_tiny_llm
+
+    model_dir = write_tiny_llm(tmp_path / "llama", "llama")
+
+    def llm(prefill: str, cuda_graphs: bool) -> BuildSpec:
+        return parse_spec({"name": "m", "version": "1", "model": str(model_dir),
+                           "target": {"kind": "cuda", "precision": "bf16", "cuda_graphs": cuda_graphs},
+                           "llm": {"max_seq_len": 40, "new_tokens": 4, "prefill": prefill}})
+
+    assert TARGET.llm_token_per_call(llm("auto", True)) and not TARGET.llm_token_per_call(llm("auto", False))
+    assert TARGET.llm_token_per_call(llm("token_by_token", False))
+    assert TARGET.runtime_hints(llm("auto", True))["cuda_graph_methods"] == ["forward"]
+    with pytest.raises(SpecError, match="target.cuda_graphs with llm.prefill: one_call: a replayed forward"):
+        TARGET.check(llm("one_call", True), h200)

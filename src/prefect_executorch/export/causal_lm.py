@@ -31,20 +31,20 @@ if TYPE_CHECKING:
 EXAMPLE_TOKENS = 2
 
 
-def runner_metadata(spec: BuildSpec, model: PreTrainedModel, custom_ops: bool) -> dict[str, Any]:
+def runner_metadata(spec: BuildSpec, model: PreTrainedModel, custom_ops: bool, sequence: bool) -> dict[str, Any]:
     """The constant methods ExecuTorch's LLM runner reads from a program (extension/llm/runner/constants.h).
 
-    The program takes up to ``max_seq_len - 1`` tokens a call (the runner prefills a prompt in one call, chunked at
-    that) into a cache of ``max_seq_len`` positions.
+    A ``sequence`` program takes up to ``max_seq_len - 1`` tokens a call (the runner prefills a prompt in one call,
+    chunked at that), else one; either into a cache of ``max_seq_len`` positions.
     """
     assert spec.llm is not None
     config = model.config.get_text_config()
     metadata: dict[str, Any] = {
-        "get_max_seq_len": spec.llm.max_seq_len - 1,
+        "get_max_seq_len": spec.llm.max_seq_len - 1 if sequence else spec.llm.max_seq_len,
         "get_max_context_len": spec.llm.max_seq_len,
         "get_vocab_size": config.vocab_size,
         "use_kv_cache": True,
-        "enable_dynamic_shape": True,
+        "enable_dynamic_shape": sequence,
         "use_sdpa_with_kv_cache": custom_ops,
     }
     if config.bos_token_id is not None:
@@ -73,15 +73,16 @@ def attention_choice(spec: BuildSpec, target: Target, model: PreTrainedModel) ->
     return False, f"attention: the model's own (transformers'), not ExecuTorch's custom ops: {problem}"
 
 
-def _export(model: Any, custom_ops: bool, length: int) -> ExportedProgram:
-    """The decoder exported for ``1..length-1`` tokens a call from ``cache_position[0]``."""
+def _export(model: Any, custom_ops: bool, length: int, sequence: bool) -> ExportedProgram:
+    """The decoder exported for ``1..length-1`` tokens a call (``sequence``, else one) from ``cache_position[0]``."""
     import torch
     from torch.export import Dim
 
+    count = EXAMPLE_TOKENS if sequence else 1
     tokens = Dim("seq_length", min=1, max=length - 1)
-    dynamic = {"input_ids": {1: tokens}, "cache_position": {0: tokens}}
-    example = {"input_ids": torch.zeros((1, EXAMPLE_TOKENS), dtype=torch.long, device=model.device),
-               "cache_position": torch.arange(EXAMPLE_TOKENS, dtype=torch.long, device=model.device)}
+    dynamic = {"input_ids": {1: tokens}, "cache_position": {0: tokens}} if sequence else None
+    example = {"input_ids": torch.zeros((1, count), dtype=torch.long, device=model.device),
+               "cache_position": torch.arange(count, dtype=torch.long, device=model.device)}
     if not custom_ops:
         from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
@@ -109,7 +110,8 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
     check_vocabulary(loaded, tokenizer)
     check_prompt_lengths(spec, tokenizer)
     custom_ops, note = attention_choice(spec, target, loaded)
-    metadata = runner_metadata(spec, loaded, custom_ops)
+    sequence = not target.llm_token_per_call(spec)
+    metadata = runner_metadata(spec, loaded, custom_ops, sequence)
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
     # torchao's int8da4w linears, as ExecuTorch's LLM recipes quantize them; a float build: the model itself,
     # on the target's device in its compute type.
@@ -120,7 +122,7 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
                                                cache_config={"batch_size": 1, "max_cache_len": length})
     with torch.no_grad():
         try:
-            program = _export(model, custom_ops, length)
+            program = _export(model, custom_ops, length, sequence)
         except Exception as exc:  # transformers and torch.export raise many types
             raise ExportFailed(f"stage torch.export: the {model.config.model_type} model in {spec.model} does not "
                                f"export with a static KV cache of {length} positions: {summary(exc)}") from exc

@@ -40,6 +40,10 @@ class TextGenerationSpec(StrictModel):
         description="Validation prompts: each is generated greedily by eager PyTorch and by the program.",
     )
     new_tokens: int = Field(32, ge=1, description="Tokens generated per prompt; fp32 must match eager's, token for token.")
+    prefill: Literal["auto", "one_call", "token_by_token"] = Field(
+        "auto", description="one_call: the program takes the prompt in one call (a dynamic sequence, up to "
+        "max_seq_len - 1 tokens), then one token a call; token_by_token: one token every call (static shapes); auto: "
+        "one_call, except where the target replays a static forward (cuda with cuda_graphs).")
     attention: Literal["auto", "executorch", "transformers"] = Field(
         "auto", description="executorch: ExecuTorch's custom SDPA and KV-cache update ops (CPU targets; what its LLM "
         "export uses); transformers: the model's own attention over transformers' static cache; auto: executorch where "

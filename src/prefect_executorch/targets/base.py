@@ -68,6 +68,12 @@ class Target(ABC):
 
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
 
+    def llm_token_per_call(self, spec: BuildSpec) -> bool:
+        """Whether a decoder LM's program takes one token a call (else any number: the prompt in one call), as
+        ``llm.prefill`` says; ``auto``: the prompt in one call."""
+        assert spec.llm is not None
+        return spec.llm.prefill == "token_by_token"
+
     def llm_module(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
         """A decoder LM as this target exports it: on its device, in its compute type (default: as loaded)."""
         return model

@@ -171,6 +171,10 @@ def _check_cuda_graphs(spec: BuildSpec) -> None:
     """A captured graph replays fixed sizes only (the runtime refuses an input of another size): no dynamic inputs."""
     if not _options(spec).cuda_graphs:
         return
+    if spec.llm is not None and spec.llm.prefill == "one_call":
+        raise SpecError("target.cuda_graphs with llm.prefill: one_call: a replayed forward takes the sizes it captured, "
+                        "and the prompt comes in calls of other sizes; set llm.prefill: auto (a token a call, each "
+                        "replayed) or cuda_graphs: false")
     dynamic = [f"{method}.{spec_input.name}" for method, entry in spec.methods.items() for spec_input in entry.inputs
                if spec_input.dynamic]
     if dynamic:
@@ -220,6 +224,11 @@ class CudaTarget(GpuTarget):
         module, dynamic_shapes = for_precision(module, dynamic_shapes, _options(spec).precision)
         # Inductor compiles for the device the program was exported on.
         return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
+
+    def llm_token_per_call(self, spec: BuildSpec) -> bool:
+        # A CUDA graph replays the sizes it captured: a replayed forward takes one token, the prompt a token a call.
+        assert spec.llm is not None
+        return super().llm_token_per_call(spec) or (spec.llm.prefill == "auto" and _options(spec).cuda_graphs)
 
     def llm_module(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
         import torch
