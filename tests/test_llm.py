@@ -300,3 +300,32 @@ def test_a_changed_generation_case_is_caught_by_verify(built_llama: Path, tmp_pa
     cases.write_text(cases.read_text().replace('"new_tokens": 12', '"new_tokens": 11'))
     tampered = _cli("verify", str(copy), cwd=tmp_path)
     assert tampered.returncode != 0 and GENERATION_CASES_FILE in tampered.stderr, tampered.stderr
+
+
+def test_a_bos_adding_tokenizer_generates_what_transformers_generates(tmp_path: Path) -> None:
+    """A Llama-3-style tokenizer (its post-processor puts BOS first; tokenizer_config.json names BOS and EOS), the model
+    trained after BOS: the bundle carries the tokenizer's configuration, and `generate` prints exactly what
+    transformers' own tokenizer and greedy generation make of the prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = write_tiny_llm(tmp_path / "llama3-style", "llama", train_steps=200, adds_bos=True)
+    (tmp_path / "llm.yaml").write_text(
+        f"name: bos\nversion: '1'\nmodel: {model_dir}\nllm:\n  max_seq_len: 40\n  new_tokens: 12\n")
+    built = _cli("build", "llm.yaml", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr[-3000:]
+    pulled = _cli("pull", "bos", "--version", "1", "--to", "pulled", "--verify", cwd=tmp_path)
+    assert pulled.returncode == 0, pulled.stderr[-3000:]
+    files = {entry["path"] for entry in json.loads((tmp_path / "pulled" / "manifest.json").read_text())["files"]}
+    assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= files
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for prompt in ("the quick brown", "prefect runs"):
+        encoded = tokenizer(prompt, return_tensors="pt")
+        assert int(encoded["input_ids"][0, 0]) == tokenizer.bos_token_id  # transformers' encoding starts with BOS
+        with torch.no_grad():
+            out = model.generate(**encoded, max_new_tokens=12, do_sample=False)
+        expected = prompt + tokenizer.decode(out[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
+        generated = _cli("generate", "./pulled", prompt, "--new-tokens", "12", cwd=tmp_path)
+        assert generated.returncode == 0, generated.stderr[-3000:]
+        assert generated.stdout.rstrip("\n") == expected

@@ -48,7 +48,7 @@ from prefect_executorch.export.lineage import Lineage
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.spec.buildspec import BuildSpec, check_name
-from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
+from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_CONFIG_FILES, TOKENIZER_FILE
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.validate.bundled import BUNDLED_FILE, bundled_facts
@@ -344,8 +344,10 @@ def prepare_bundle(
         compat=compat if compat is not None else target.compat(spec, toolchain),
         files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE],
                            [BUNDLED_FILE] if bundled.file else [],
-                           # A decoder LM's runner needs its tokenizer; its prompts are its own test cases.
-                           [TOKENIZER_FILE, GENERATION_CASES_FILE] if spec.llm else None),
+                           # A decoder LM's runner needs its tokenizer (and its configuration: BOS and EOS); its
+                           # prompts are its own test cases.
+                           [TOKENIZER_FILE, *(name for name in TOKENIZER_CONFIG_FILES if (bundle_dir / name).is_file()),
+                            GENERATION_CASES_FILE] if spec.llm else None),
         program=export.program,
         data_files=export.data_files,
         methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods, export.delegation),

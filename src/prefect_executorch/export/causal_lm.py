@@ -19,7 +19,7 @@ from prefect_executorch.spec.causal_lm import (
     load_causal_lm,
     load_tokenizer,
 )
-from prefect_executorch.spec.llm import TOKENIZER_FILE
+from prefect_executorch.spec.llm import TOKENIZER_FILE, tokenizer_files
 from prefect_executorch.targets.base import Lowered, Target
 
 if TYPE_CHECKING:
@@ -128,6 +128,9 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
                                f"export with a static KV cache of {length} positions: {summary(exc)}") from exc
         lowered = run_lowering(lambda: target.lower({"forward": program}, spec, out_dir, constant_methods=metadata),
                                target.name)
-    shutil.copyfile(spec.llm.tokenizer_path(spec.model), out_dir / TOKENIZER_FILE)
+    tokenizer_file, *configs = tokenizer_files(spec.llm.tokenizer_path(spec.model))
+    shutil.copyfile(tokenizer_file, out_dir / TOKENIZER_FILE)
+    for config_file in configs:
+        shutil.copyfile(config_file, out_dir / config_file.name)
     notes = [*lowered.notes, *([note] if note else [])]
     return lowered.model_copy(update={"notes": notes}), facts

@@ -57,11 +57,28 @@ def eos_ids(model: PreTrainedModel) -> list[int]:
     return [] if found is None else [found] if isinstance(found, int) else list(found)
 
 
+def prompt_ids(tokenizer: Tokenizer, prompt: str) -> list[int]:
+    """``prompt`` as transformers' tokenizer encodes it by default: with the special tokens its post-processor adds
+    (a Llama-3 tokenizer's BOS)."""
+    return list(tokenizer.encode(prompt).ids)
+
+
+def special_token_counts(tokenizer: Tokenizer, prompt: str) -> tuple[int, int]:
+    """How many special tokens the default encoding puts before and after ``prompt``'s own: ExecuTorch's runner adds
+    them when told these counts (its ``num_bos``/``num_eos``)."""
+    plain, full = tokenizer.encode(prompt, add_special_tokens=False).ids, prompt_ids(tokenizer, prompt)
+    before = next((start for start in range(len(full) - len(plain) + 1) if full[start:start + len(plain)] == plain), None)
+    if before is None:
+        raise SpecError(f"llm.tokenizer: its post-processor changes the prompt's own tokens ({prompt[:40]!r}: {plain} "
+                        f"becomes {full}); only tokens added before and after it can be run by ExecuTorch's runner")
+    return before, len(full) - len(plain) - before
+
+
 def check_prompt_lengths(spec: BuildSpec, tokenizer: Tokenizer) -> None:
     """Refuse a prompt that, with ``new_tokens``, does not fit the cache (before the export, not after it)."""
     assert spec.llm is not None
     for index, prompt in enumerate(spec.llm.prompts):
-        length = len(tokenizer.encode(prompt, add_special_tokens=False).ids)
+        length = len(prompt_ids(tokenizer, prompt))
         if length + spec.llm.new_tokens > spec.llm.max_seq_len:
             raise SpecError(f"llm.prompts[{index}]: {length} tokens plus new_tokens ({spec.llm.new_tokens}) exceed "
                             f"max_seq_len ({spec.llm.max_seq_len}); shorten the prompt or raise max_seq_len")

@@ -19,6 +19,9 @@ from prefect_executorch.spec.base import StrictModel
 DEFAULT_PROMPTS = ("The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,")
 #: What a model directory's tokenizer file is called, and the name it has in a bundle.
 TOKENIZER_FILE = "tokenizer.json"
+#: The tokenizer's configuration beside it, where present (which tokens are BOS and EOS): the bundle carries them, and
+#: ExecuTorch's runner reads them when given the bundle's folder.
+TOKENIZER_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 #: The constant methods ExecuTorch's LLM runner reads from the program (extension/llm/runner/constants.h).
 RUNNER_METADATA = ("get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_bos_id", "get_eos_ids",
                    "use_kv_cache", "enable_dynamic_shape", "use_sdpa_with_kv_cache")
@@ -87,8 +90,13 @@ def check_model_dir(model_dir: str, tokenizer: Path) -> None:
                         "model directory or give its path")
 
 
+def tokenizer_files(tokenizer: Path) -> list[Path]:
+    """The tokenizer file and the configuration files beside it that exist, in a stable order."""
+    return [tokenizer, *(found for name in TOKENIZER_CONFIG_FILES if (found := tokenizer.parent / name).is_file())]
+
+
 def model_files(model_dir: str, tokenizer: Path) -> list[Path]:
-    """The files that decide an LLM build: configs, safetensors weights and the tokenizer, in a stable order."""
+    """The files that decide an LLM build: configs, safetensors weights and the tokenizer's files, in a stable order."""
     path = Path(model_dir)
     found = [path / name for name in ("config.json", "generation_config.json") if (path / name).is_file()]
-    return [*found, *sorted(path.glob("*.safetensors")), tokenizer]
+    return [*found, *sorted(path.glob("*.safetensors")), *tokenizer_files(tokenizer)]

@@ -27,31 +27,46 @@ CORPUS = [
 BOS, EOS = "<s>", "</s>"
 
 
-def write_tokenizer(path: Path, vocab_size: int = 320) -> int:
-    """Train a byte-level BPE on ``CORPUS`` and save it as ``path``; its vocabulary size."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def write_tokenizer(path: Path, vocab_size: int = 320, adds_bos: bool = False) -> int:
+    """Train a byte-level BPE on ``CORPUS`` and save it as ``path``; its vocabulary size.
+
+    ``adds_bos``: as a Llama-3 tokenizer, its post-processor puts BOS before every text (``TemplateProcessing``), and
+    ``tokenizer_config.json`` and ``special_tokens_map.json`` beside it name BOS and EOS.
+    """
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE(unk_token=None))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS]))
+    if adds_bos:
+        bos_id = tokenizer.token_to_id(BOS)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B:1", special_tokens=[(BOS, bos_id)])
+        names = {"bos_token": BOS, "eos_token": EOS}
+        (path.parent / "tokenizer_config.json").write_text(json.dumps(
+            {**names, "add_bos_token": True, "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512}))
+        (path.parent / "special_tokens_map.json").write_text(json.dumps(names))
     tokenizer.save(str(path))
     return int(tokenizer.get_vocab_size())
 
 
 def write_tiny_llm(model_dir: Path, architecture: str = "llama", *, hidden_size: int = 64, layers: int = 2,
-                   seed: int = 0, train_steps: int = 0, **config: Any) -> Path:
+                   seed: int = 0, train_steps: int = 0, adds_bos: bool = False, **config: Any) -> Path:
     """A Hugging Face model directory (config.json, model.safetensors, tokenizer.json) of a small model.
 
     Random weights, or ``train_steps`` of Adam on ``CORPUS``: a trained model's next token stands out, as a
-    real model's does, which is what a quantized build is judged on.
+    real model's does, which is what a quantized build is judged on. ``adds_bos``: a Llama-3-style tokenizer
+    (``write_tokenizer``), whose BOS the model is trained after.
     """
     import torch
     import transformers
 
     config_class, model_class = ARCHITECTURES[architecture]
     model_dir.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(model_dir / "tokenizer.json")
+    vocab = write_tokenizer(model_dir / "tokenizer.json", adds_bos=adds_bos)
     settings: dict[str, Any] = dict(
         vocab_size=vocab, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=512,

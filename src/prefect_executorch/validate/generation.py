@@ -1,10 +1,11 @@
-"""Validation by generation: eager greedy ``generate`` against the program run by ExecuTorch's LLM runner
-(or, where the target's runtime ships none, the program one token per call through that runtime).
+"""Validation by generation: eager greedy decoding against the program run by ExecuTorch's LLM runner
+(or, where the target's runtime ships none, the program's forward called here through that runtime).
 
-Both sides get the prompt as the bundle's tokenizer encodes it (no special tokens added: the runner adds
-none) and generate greedily up to ``llm.new_tokens`` tokens or an end-of-sequence token. The runner reports
-each token as its text, so the two sequences are compared piece by piece: a float32 program must generate
-what eager PyTorch does, token for token.
+Both sides get the prompt as transformers' tokenizer encodes it by default: with the special tokens its
+post-processor adds (a Llama-3 tokenizer's BOS; the runner is told how many, ``num_bos``/``num_eos``). Both
+decode greedily, the argmax after each token (no logits processor on either side), up to ``llm.new_tokens``
+tokens or an end-of-sequence token. The runner reports each token as its text, so the two sequences are
+compared piece by piece: a float32 program must generate what eager PyTorch does, token for token.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from prefect_executorch.spec.causal_lm import (
     eos_ids,
     load_causal_lm,
     load_tokenizer,
+    prompt_ids,
+    special_token_counts,
 )
-from prefect_executorch.spec.llm import TOKENIZER_FILE
+from prefect_executorch.spec.llm import TOKENIZER_FILE, tokenizer_files
 from prefect_executorch.targets import get_target
 from prefect_executorch.validate.loaded_program import LoadedProgram, register_custom_op_kernels
 from prefect_executorch.validate.replay import check_replay
@@ -84,12 +87,17 @@ class Generator(Protocol):
 
 
 def load_runner(program: Path, tokenizer: Path) -> Any:
-    """ExecuTorch's ``TextLLMRunner`` over a program and its tokenizer, with the runtime's quantized kernels."""
+    """ExecuTorch's ``TextLLMRunner`` over a program and its tokenizer, with the runtime's quantized kernels.
+
+    Given the tokenizer's folder where its configuration is there, the runner takes BOS and EOS from it, as
+    transformers does.
+    """
     from executorch.extension.llm.runner import TextLLMRunner
 
     runtime_extension()  # registers the quantized kernels (a program with quantized embeddings needs them)
     register_custom_op_kernels()  # and ExecuTorch's LLM ops (custom SDPA, KV-cache update)
-    return TextLLMRunner(str(program), str(tokenizer))
+    configured = len(tokenizer_files(tokenizer)) > 1
+    return TextLLMRunner(str(program), str(tokenizer.parent if configured else tokenizer))
 
 
 class LlmRunner:
@@ -98,7 +106,10 @@ class LlmRunner:
     name = "ExecuTorch's LLM runner"
 
     def __init__(self, program: Path, tokenizer: Path) -> None:
+        from tokenizers import Tokenizer
+
         self.runner = load_runner(program, tokenizer)
+        self.tokenizer = Tokenizer.from_file(str(tokenizer))
 
     def greedy(self, prompt: str, new_tokens: int,
                on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
@@ -112,8 +123,11 @@ class LlmRunner:
             if on_piece is not None:
                 on_piece(piece)
 
+        # The special tokens transformers' encoding adds (a Llama-3 tokenizer's BOS), added by the runner alike.
+        bos, eos = special_token_counts(self.tokenizer, prompt)
         self.runner.reset()
-        self.runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0),
+        self.runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0,
+                                                      num_bos=bos, num_eos=eos),
                              token_callback=take, stats_callback=stats.append)
         return pieces, GenerationStats.of(stats[-1]) if stats else GenerationStats()
 
@@ -155,7 +169,7 @@ class ForwardCalls:
 
     def greedy(self, prompt: str, new_tokens: int,
                on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        ids = prompt_ids(self.tokenizer, prompt)
         started = time.perf_counter()
         logits = self.logits(ids, 0)[-1]
         prefilled = time.perf_counter()
@@ -242,15 +256,15 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
     cases, timings = [], []
     with torch.no_grad():
         for prompt in spec.llm.prompts:
-            prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-            tokens = eager_greedy(model, prompt_ids, spec.llm.new_tokens)
+            ids = prompt_ids(tokenizer, prompt)
+            tokens = eager_greedy(model, ids, spec.llm.new_tokens)
             expected = [tokenizer.decode([token], skip_special_tokens=False) for token in tokens]
             actual, timing = generator.greedy(prompt, spec.llm.new_tokens)
             # Its own load where a process may hold two programs: the cache state starts empty.
             forced_by = generator if isinstance(generator, ForwardCalls) and target.one_program_per_process else \
                 ForwardCalls(LoadedProgram(program, data), bundle / TOKENIZER_FILE)
-            case = compare_generation(prompt, len(prompt_ids), expected, actual)
-            cases.append(case.model_copy(update={"forced": teacher_forced(forced_by, model, prompt_ids, tokens)}))
+            case = compare_generation(prompt, len(ids), expected, actual)
+            cases.append(case.model_copy(update={"forced": teacher_forced(forced_by, model, ids, tokens)}))
             timings.append(timing)
     report = GenerationReport(new_tokens=spec.llm.new_tokens, cases=cases, stats=timings, generated_by=generator.name,
                               exact=spec.quantization is None and target.compute_dtype(spec) is None)

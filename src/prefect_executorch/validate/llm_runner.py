@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
 from prefect_executorch.scratch import scratch_dir
+from prefect_executorch.spec.causal_lm import prompt_ids
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.targets import PROGRAM_FILE
 from prefect_executorch.validate.generation import GenerationCases, Generator, compare_generation, open_generator
@@ -65,19 +66,26 @@ def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
     results, timings = [], []
     for prompt, expected in zip(cases.prompts, cases.expected, strict=True):
         actual, timing = generator.greedy(prompt, cases.new_tokens)
-        tokens = len(tokenizer.encode(prompt, add_special_tokens=False).ids)
+        tokens = len(prompt_ids(tokenizer, prompt))
         results.append(compare_generation(prompt, tokens, expected, actual))
         timings.append(timing)
     return GenerationReport(new_tokens=cases.new_tokens, cases=results, stats=timings, generated_by=generator.name)
 
 
 def generate_in_child(request: dict[str, Any]) -> Generated:
-    """Child side: one prompt through the runner, greedily, each token's text written to ``stream_to`` as it comes."""
+    """Child side: one prompt through the runner, greedily, each token's text written to ``stream_to`` as it comes,
+    special tokens (the EOS that ends it) left out, as transformers' ``decode(skip_special_tokens=True)`` prints."""
+    from tokenizers import Tokenizer
+
     req = RunnerRequest.model_validate(request)
     assert req.prompt is not None and req.new_tokens is not None and req.stream_to is not None
+    added = Tokenizer.from_file(str(Path(req.bundle_dir) / TOKENIZER_FILE)).get_added_tokens_decoder().values()
+    special = {token.content for token in added if token.special}
     with open(req.stream_to, "a", encoding="utf-8") as stream:
 
         def write(piece: str) -> None:
+            if piece in special:
+                return
             stream.write(piece)
             stream.flush()
 
