@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import resource
 import time
 import uuid
 from pathlib import Path
@@ -47,6 +48,7 @@ class ExportedProgramDir(BaseModel):
     )
     weights_sha256: str | None = None
     seconds: float
+    peak_rss_mib: float | None = Field(None, description="Peak resident memory of the export child (MiB).")
     quantization: QuantizationFacts | None = Field(None, description="How the model was quantized (None: float).")
     warnings: list[str] = Field(default_factory=list, description="What lowering chose that the user should know.")
 
@@ -88,6 +90,7 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
         delegation=lowered.delegation or {},
         weights_sha256=sha256_file(spec.weights) if spec.weights else None,
         seconds=time.monotonic() - started,
+        peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         quantization=quantization,
         warnings=lowered.notes,
     )
