@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
 import resource
+import shutil
 import time
 import uuid
 from pathlib import Path
