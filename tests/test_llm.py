@@ -329,3 +329,25 @@ def test_a_bos_adding_tokenizer_generates_what_transformers_generates(tmp_path: 
         generated = _cli("generate", "./pulled", prompt, "--new-tokens", "12", cwd=tmp_path)
         assert generated.returncode == 0, generated.stderr[-3000:]
         assert generated.stdout.rstrip("\n") == expected
+
+
+def test_an_llm_build_without_transformers_is_refused_before_export_with_the_install_line(
+        models: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "no-transformers"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _NoTransformers:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'transformers':\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, _NoTransformers())\n")
+    (tmp_path / "llm.yaml").write_text(f"name: t\nversion: '1'\nmodel: {models / 'llama'}\nllm:\n  max_seq_len: 40\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")]),
+           "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store")}
+    done = subprocess.run([*CLI, "build", "llm.yaml"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "ToolchainMismatch: llm: building a decoder LM needs transformers, which this worker lacks; install the llm "
+        'extra: pip install "prefect-executorch[llm]" -c constraints-cpu.txt')
+    assert not (tmp_path / "store").exists()

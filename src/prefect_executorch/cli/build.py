@@ -126,7 +126,7 @@ def _published_build(spec: Any, store: Any, toolchain: Any) -> Any:
     from prefect_executorch.targets import get_target
 
     target = get_target(spec.target_name)
-    for warning in target.check(spec, toolchain):
+    for warning in target.check_build(spec, toolchain):
         err_console.print(f"[yellow]warning:[/] {escape(warning)}")
     return check_rebuild(spec, toolchain, target.compat(spec, toolchain), store).ref
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from prefect_executorch.errors import SpecError
+from prefect_executorch.errors import SpecError, ToolchainMismatch
 from prefect_executorch.spec.buildspec import BuildSpec
 
 if TYPE_CHECKING:
@@ -13,6 +13,26 @@ if TYPE_CHECKING:
 
 #: Architectures (config ``model_type``) whose export and generation this project tests (tests/test_llm.py).
 SUPPORTED_ARCHITECTURES = ("gemma3_text", "llama", "qwen2", "qwen3")
+
+
+#: What installs the stack a decoder-LM build needs (README).
+LLM_INSTALL = 'pip install "prefect-executorch[llm]" -c constraints-cpu.txt'
+
+
+def require_llm_stack() -> None:
+    """Refuse, before any export, a decoder-LM build where transformers or tokenizers is not installed."""
+    import importlib.util
+
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a finder that refuses it
+            return True
+
+    missing = [name for name in ("transformers", "tokenizers") if absent(name)]
+    if missing:
+        raise ToolchainMismatch(f"llm: building a decoder LM needs {' and '.join(missing)}, which this worker lacks; "
+                                f"install the llm extra: {LLM_INSTALL}")
 
 
 def load_tokenizer(spec: BuildSpec) -> Tokenizer:

@@ -56,6 +56,15 @@ class Target(ABC):
         """Raise ``SpecError``/``ToolchainMismatch`` for what cannot work; return warnings."""
         return []
 
+    def check_build(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
+        """``check``, after what the spec's model kind needs in this process's environment (a decoder LM: the
+        ``llm`` extra): everything that keeps a build from starting, before any export."""
+        if spec.llm is not None:
+            from prefect_executorch.spec.causal_lm import require_llm_stack
+
+            require_llm_stack()
+        return self.check(spec, toolchain)
+
     @abstractmethod
     def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
         """The compat key: where the bundle runs, e.g. ``cpu-xnnpack-x86_64``."""

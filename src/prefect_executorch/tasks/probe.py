@@ -29,7 +29,7 @@ def probe_toolchain() -> Toolchain:
 def check_buildable(spec: BuildSpec, toolchain: Toolchain) -> str:
     """Raise for what this worker cannot build; log warnings; return the bundle's compat key."""
     target = get_target(spec.target_name)
-    for warning in target.check(spec, toolchain):
+    for warning in target.check_build(spec, toolchain):
         get_run_logger().warning(warning)
     return target.compat(spec, toolchain)
 
