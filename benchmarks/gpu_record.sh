@@ -3,7 +3,7 @@
 #
 #   gpu_record.sh tests     the cuda and tensorrt tests (junit-cuda.xml, pytest-cuda.log)
 #   gpu_record.sh latency   benchmarks/gpu_latency.py (gpu_latency.json, gpu_latency.log); extra args passed on
-#   gpu_record.sh llm       benchmarks/llm.py --target cuda --cuda-graphs (llm_cuda.json, llm_cuda.log)
+#   gpu_record.sh llm       benchmarks/llm.py --target cuda (llm_cuda.json, llm_cuda.log); extra args passed on
 #
 # Every step first writes stack-<step>.txt: the tree ($PREFECT_EXECUTORCH_BENCHMARK_TREE where the sender of a copy
 # without .git set it, else `git describe --dirty`), the GPU, its driver and the stack's versions.
@@ -30,7 +30,7 @@ case $step in
   latency)
     python3 benchmarks/gpu_latency.py "$@" 2>&1 | tee "$out/gpu_latency.log";;
   llm)
-    python3 benchmarks/llm.py --target cuda --cuda-graphs "$@" 2>&1 | tee "$out/llm_cuda.log";;
+    python3 benchmarks/llm.py --target cuda "$@" 2>&1 | tee "$out/llm_cuda.log";;
   *) echo "gpu_record.sh: unknown step $step (tests, latency, llm)" >&2; exit 2;;
 esac
 status=${PIPESTATUS[0]}
