@@ -351,3 +351,24 @@ def test_an_llm_build_without_transformers_is_refused_before_export_with_the_ins
         "ToolchainMismatch: llm: building a decoder LM needs transformers, which this worker lacks; install the llm "
         'extra: pip install "prefect-executorch[llm]" -c constraints-cpu.txt')
     assert not (tmp_path / "store").exists()
+
+
+def test_tokens_that_are_not_whole_utf8_build_verify_and_generate(tmp_path: Path) -> None:
+    """A byte-level BPE with the whole byte alphabet: characters come over several tokens. The runner's Python binding
+    cannot pass such a token, so the bundle is driven through the runtime, decoding incrementally, and says so."""
+    from tokenizers import Tokenizer
+
+    from prefect_executorch.spec.causal_lm import partial_utf8_tokens
+
+    model_dir = write_tiny_llm(tmp_path / "bytes", "llama", byte_alphabet=True)
+    assert partial_utf8_tokens(Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))) > 0
+    (tmp_path / "llm.yaml").write_text(f"name: bytes\nversion: '1'\nmodel: {model_dir}\n"
+                                       "llm:\n  max_seq_len: 64\n  new_tokens: 24\n  prompts: ['日本', 'naïve café']\n")
+    built = _cli("build", "llm.yaml", cwd=tmp_path)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "of its tokenizer's tokens are not whole UTF-8, which the LLM runner's Python binding cannot pass" \
+        in built.stdout and "every token as eager's" in built.stdout
+    pulled = _cli("pull", "bytes", "--version", "1", "--to", "pulled", "--verify", cwd=tmp_path)
+    assert pulled.returncode == 0, pulled.stderr[-3000:]
+    generated = _cli("generate", "./pulled", "東京", "--new-tokens", "24", cwd=tmp_path)
+    assert generated.returncode == 0 and generated.stdout.startswith("東京"), generated.stderr[-3000:]

@@ -94,6 +94,22 @@ def special_token_counts(tokenizer: Tokenizer, prompt: str) -> tuple[int, int]:
     return before, len(full) - len(plain) - before
 
 
+def partial_utf8_tokens(tokenizer: Tokenizer) -> int:
+    """How many of the vocabulary's tokens are not whole UTF-8 on their own (a byte-level BPE's lone bytes of a
+    character: their text alone decodes to U+FFFD)."""
+    return sum("\ufffd" in tokenizer.decode([token], skip_special_tokens=False)
+               for token in range(tokenizer.get_vocab_size()))
+
+
+def token_texts(tokenizer: Tokenizer, tokens: list[int]) -> list[str]:
+    """Each token's text as it completes, decoded incrementally (``tokenizers``' ``DecodeStream``): a token that ends
+    inside a character gives "" and the character comes whole with the token that completes it."""
+    from tokenizers.decoders import DecodeStream
+
+    stream = DecodeStream(skip_special_tokens=False)
+    return [stream.step(tokenizer, token) or "" for token in tokens]
+
+
 def check_prompt_lengths(spec: BuildSpec, tokenizer: Tokenizer) -> None:
     """Refuse a prompt that, with ``new_tokens``, does not fit the cache (before the export, not after it)."""
     assert spec.llm is not None

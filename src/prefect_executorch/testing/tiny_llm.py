@@ -24,14 +24,18 @@ CORPUS = [
     "The capital of France is Paris. def fibonacci(n): return n",
     "1, 2, 3, 4, 5, 6, 7, 8, 9, 10",
 ]
+#: Text whose characters a byte-level BPE with the whole byte alphabet splits over several tokens.
+UNICODE_CORPUS = ["héllo wörld, ça va", "日本語のテキスト", "naïve café 東京"]
 BOS, EOS = "<s>", "</s>"
 
 
-def write_tokenizer(path: Path, vocab_size: int = 320, adds_bos: bool = False) -> int:
+def write_tokenizer(path: Path, vocab_size: int = 320, adds_bos: bool = False, byte_alphabet: bool = False) -> int:
     """Train a byte-level BPE on ``CORPUS`` and save it as ``path``; its vocabulary size.
 
     ``adds_bos``: as a Llama-3 tokenizer, its post-processor puts BOS before every text (``TemplateProcessing``), and
-    ``tokenizer_config.json`` and ``special_tokens_map.json`` beside it name BOS and EOS.
+    ``tokenizer_config.json`` and ``special_tokens_map.json`` beside it name BOS and EOS. ``byte_alphabet``: every
+    byte is a token, as in real byte-level BPEs, and it is trained on ``UNICODE_CORPUS`` too: many tokens are a
+    character's first bytes only, not whole UTF-8.
     """
     import json
 
@@ -40,7 +44,10 @@ def write_tokenizer(path: Path, vocab_size: int = 320, adds_bos: bool = False) -
     tokenizer = Tokenizer(models.BPE(unk_token=None))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(CORPUS * 20, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS]))
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_alphabet else []
+    texts = CORPUS + UNICODE_CORPUS if byte_alphabet else CORPUS
+    tokenizer.train_from_iterator(texts * 20, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS],
+                                                                  initial_alphabet=alphabet))
     if adds_bos:
         bos_id = tokenizer.token_to_id(BOS)
         tokenizer.post_processor = processors.TemplateProcessing(
@@ -54,19 +61,21 @@ def write_tokenizer(path: Path, vocab_size: int = 320, adds_bos: bool = False) -
 
 
 def write_tiny_llm(model_dir: Path, architecture: str = "llama", *, hidden_size: int = 64, layers: int = 2,
-                   seed: int = 0, train_steps: int = 0, adds_bos: bool = False, **config: Any) -> Path:
+                   seed: int = 0, train_steps: int = 0, adds_bos: bool = False, byte_alphabet: bool = False,
+                   **config: Any) -> Path:
     """A Hugging Face model directory (config.json, model.safetensors, tokenizer.json) of a small model.
 
     Random weights, or ``train_steps`` of Adam on ``CORPUS``: a trained model's next token stands out, as a
     real model's does, which is what a quantized build is judged on. ``adds_bos``: a Llama-3-style tokenizer
-    (``write_tokenizer``), whose BOS the model is trained after.
+    (``write_tokenizer``), whose BOS the model is trained after; ``byte_alphabet``: its tokenizer has every byte.
     """
     import torch
     import transformers
 
     config_class, model_class = ARCHITECTURES[architecture]
     model_dir.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(model_dir / "tokenizer.json", adds_bos=adds_bos)
+    vocab = write_tokenizer(model_dir / "tokenizer.json", vocab_size=400 if byte_alphabet else 320, adds_bos=adds_bos,
+                            byte_alphabet=byte_alphabet)
     settings: dict[str, Any] = dict(
         vocab_size=vocab, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=512,

@@ -26,8 +26,10 @@ from prefect_executorch.spec.causal_lm import (
     eos_ids,
     load_causal_lm,
     load_tokenizer,
+    partial_utf8_tokens,
     prompt_ids,
     special_token_counts,
+    token_texts,
 )
 from prefect_executorch.spec.llm import TOKENIZER_FILE, tokenizer_files
 from prefect_executorch.targets import get_target
@@ -139,15 +141,15 @@ class ForwardCalls:
     runtime wheel with ``CudaBackend``) this generates, with the program's own end-of-sequence ids; validation's
     teacher-forced pass feeds every program through it."""
 
-    def __init__(self, program: LoadedProgram, tokenizer: Path) -> None:
+    def __init__(self, program: LoadedProgram, tokenizer: Path, why: str = "this runtime has no LLM runner") -> None:
         from tokenizers import Tokenizer
 
         self.program, self.tokenizer = program, Tokenizer.from_file(str(tokenizer))
         self.eos = {int(token) for token in self._constant("get_eos_ids", [])}
         self.sequence = bool(self._constant("enable_dynamic_shape", [False])[0])
         self.chunk = int(self._constant("get_max_seq_len", [1])[0]) if self.sequence else 1
-        self.name = ("ExecuTorch's runtime, the prompt in one call (this runtime has no LLM runner)" if self.sequence
-                     else "ExecuTorch's runtime, one token per call (this runtime has no LLM runner)")
+        self.name = (f"ExecuTorch's runtime, {'the prompt in one call' if self.sequence else 'one token per call'} "
+                     f"({why})")
 
     def _constant(self, method: str, default: list[Any]) -> list[Any]:
         return list(self.program.execute(method, ())) if method in self.program.facts else default
@@ -169,14 +171,17 @@ class ForwardCalls:
 
     def greedy(self, prompt: str, new_tokens: int,
                on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
+        from tokenizers.decoders import DecodeStream
+
         ids = prompt_ids(self.tokenizer, prompt)
         started = time.perf_counter()
         logits = self.logits(ids, 0)[-1]
         prefilled = time.perf_counter()
         pieces: list[str] = []
+        stream = DecodeStream(skip_special_tokens=False)  # a character split over tokens comes whole (token_texts)
         while True:
             token = int(logits.argmax())
-            pieces.append(self.tokenizer.decode([token], skip_special_tokens=False))
+            pieces.append(stream.step(self.tokenizer, token) or "")
             if on_piece is not None:
                 on_piece(pieces[-1])
             if len(pieces) == new_tokens or token in self.eos:
@@ -195,11 +200,18 @@ def open_generator(program: Path, tokenizer: Path, target: str, data: Path | Non
     """What generates with ``program`` on ``target``: ExecuTorch's LLM runner where its runtime ships one, else
     the program's forward called here through the runtime that has the target's delegate, set up as the bundle's
     runtime ``hints`` say (CUDA-graph replay)."""
+    from tokenizers import Tokenizer
+
     chosen = get_target(target)
-    if chosen.llm_runner:
+    partial = partial_utf8_tokens(Tokenizer.from_file(str(tokenizer)))
+    if chosen.llm_runner and not partial:
         return LlmRunner(program, tokenizer)
     chosen.runtime_setup(hints)
-    return ForwardCalls(LoadedProgram(program, data), tokenizer)
+    # The runner's Python binding hands each token's text to Python as str: a token that ends inside a character
+    # fails it (UnicodeDecodeError), so such a tokenizer's bundles are driven here, decoding incrementally.
+    why = (f"{partial} of its tokenizer's tokens are not whole UTF-8, which the LLM runner's Python binding cannot "
+           "pass" if partial and chosen.llm_runner else "this runtime has no LLM runner")
+    return ForwardCalls(LoadedProgram(program, data), tokenizer, why)
 
 
 def teacher_forced(program: ForwardCalls, model: PreTrainedModel, prompt_ids: list[int],
@@ -258,7 +270,7 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
         for prompt in spec.llm.prompts:
             ids = prompt_ids(tokenizer, prompt)
             tokens = eager_greedy(model, ids, spec.llm.new_tokens)
-            expected = [tokenizer.decode([token], skip_special_tokens=False) for token in tokens]
+            expected = token_texts(tokenizer, tokens)
             actual, timing = generator.greedy(prompt, spec.llm.new_tokens)
             # Its own load where a process may hold two programs: the cache state starts empty.
             forced_by = generator if isinstance(generator, ForwardCalls) and target.one_program_per_process else \
