@@ -200,6 +200,11 @@ def test_a_quantized_build_passes_its_gates_at_a_fraction_of_the_size_and_tighte
     agreement, ratio = generation.top1_agreement(), generation.perplexity_ratio()
     assert agreement is not None and agreement >= 0.9 and ratio is not None and 1 / 1.2 <= ratio <= 1.2
     assert [gate.gate for gate in report.gates] == ["min_top1_agreement", "max_perplexity_ratio"]
+    # The bundle's cases hold the program's own tokens (what verify reproduces), eager's beside where they differ.
+    cases = json.loads((export.path / GENERATION_CASES_FILE).read_text())
+    assert cases["expected"] == [case.actual for case in generation.cases]
+    departed = any(not case.passed for case in generation.cases)
+    assert cases["eager"] == ([case.expected for case in generation.cases] if departed else None)
     assert (models / "llama-trained" / "config.json").read_text() == (models / "llama" / "config.json").read_text()
     size, float_size = (export.path / "model.pte").stat().st_size, (built_llama / "pulled" / "model.pte").stat().st_size
     assert size <= 0.3 * float_size, (size, float_size)
@@ -208,8 +213,15 @@ def test_a_quantized_build_passes_its_gates_at_a_fraction_of_the_size_and_tighte
     refused = validate_program(tighter, export.path, [], scratch_dir=tmp_path, bundled_out=tmp_path / "cases.json")
     failed = [gate for gate in refused.gates if not gate.passed]
     assert not refused.passed and failed and not (tmp_path / "cases.json").exists()
-    assert refused.describe_worst() == failed[0].describe()
     assert failed[0].describe().startswith(f"gate llm.{failed[0].gate} on forward: ")
+    # The message lists the failed gates once, then the figures and the first departure; departing prompts are no
+    # failure of a quantized build.
+    with pytest.raises(ValidationFailed) as info:
+        require_passed(refused)
+    message = str(info.value)
+    assert message.startswith(failed[0].describe()) and message.count(failed[0].describe()) == 1
+    assert "teacher-forced top-1 agreement" in message and "prompts generated other tokens" not in message
+    assert refused.describe_worst() == refused.generation.describe()
 
 
 # --- the product, as a user runs it ---------------------------------------------------------------------------
@@ -372,3 +384,27 @@ def test_tokens_that_are_not_whole_utf8_build_verify_and_generate(tmp_path: Path
     assert pulled.returncode == 0, pulled.stderr[-3000:]
     generated = _cli("generate", "./pulled", "東京", "--new-tokens", "24", cwd=tmp_path)
     assert generated.returncode == 0 and generated.stdout.startswith("東京"), generated.stderr[-3000:]
+
+
+def test_generate_says_what_the_cache_cannot_hold_before_running(built_llama: Path) -> None:
+    """The bundle's cache holds 40 positions: a longer prompt is refused in one line, and more new tokens than the
+    prompt leaves room for are capped, saying so."""
+    work = built_llama
+    long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 8)
+    refused = _cli("generate", "./pulled", long_prompt, cwd=work)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith("SpecError: PROMPT is ")
+    assert "this bundle's KV cache holds 40 positions" in refused.stderr
+    capped = _cli("generate", "./pulled", "prefect runs", "--new-tokens", "100", cwd=work)
+    assert capped.returncode == 0, capped.stderr[-2000:]
+    assert "--new-tokens 100: the 2-token prompt leaves room for 38 in this bundle's 40-position cache; generating at " \
+           "most 38" in capped.stderr
+
+
+def test_a_cache_longer_than_the_model_takes_is_refused_before_export(models: Path) -> None:
+    from prefect_executorch.machine.toolchain import probe
+
+    spec = llm_spec(models / "llama", max_seq_len=1024)  # the tiny models take 512 positions
+    with pytest.raises(SpecError, match="llm.max_seq_len: 1024 is more positions than the model takes \\(its "
+                                        "max_position_embeddings is 512\\)"):
+        get_target("xnnpack").check_build(spec, probe())

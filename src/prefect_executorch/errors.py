@@ -60,6 +60,10 @@ class ValidationFailed(PrefectExecutorchError):
     """The exported program does not match eager PyTorch within the spec's tolerances."""
 
 
+class GenerationFailed(PrefectExecutorchError):
+    """A decoder-LM bundle's program failed while generating (``generate``) on this machine."""
+
+
 class PromotionRefused(PrefectExecutorchError):
     """The candidate disagrees with, or is slower than, the bundle its alias serves now."""
 

@@ -321,6 +321,10 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
 
 def _runtime_hints(target: Target, spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir) -> dict[str, Any]:
     hints = target.runtime_hints(spec, toolchain)
+    if spec.llm is not None:
+        # What a caller needs before it runs a prompt: the cache's positions and how the program takes the prompt.
+        hints["llm"] = {"max_seq_len": spec.llm.max_seq_len,
+                        "prefill": "token_by_token" if target.llm_token_per_call(spec) else "one_call"}
     libraries = target.cpp_libraries(list(export.methods.values()))
     return hints if libraries is None else {**hints, "cpp_libraries": libraries}
 

@@ -24,7 +24,7 @@ from prefect_executorch.cli.app import (
 )
 from prefect_executorch.cli.render import count_names, generated_by, rows_table
 from prefect_executorch.defaults import GC_GRACE_HOURS, MAX_LATENCY_REGRESSION
-from prefect_executorch.errors import NotABundle
+from prefect_executorch.errors import NotABundle, SpecError
 
 
 @app.command()
@@ -230,20 +230,46 @@ def generate(
         if not any(entry.role == "generation" for entry in manifest.files):
             raise NotABundle(f"{manifest.key.prefix} is no decoder-LM bundle (it has no tokenizer.json); `generate` "
                              "runs bundles built from an `llm:` spec")
+        new_tokens = _room_for(folder, manifest.runtime_hints, prompt, new_tokens)
         console.print(escape(prompt), end="", highlight=False)
 
         def show(text: str) -> None:
             console.print(escape(text), end="", highlight=False)
             console.file.flush()
 
-        generated = run_generate(folder, manifest.target, manifest.data_files, prompt, new_tokens, on_text=show,
-                                 start="spawn", runtime_hints=manifest.runtime_hints)
-    console.print()
+        try:
+            generated = run_generate(folder, manifest.target, manifest.data_files, prompt, new_tokens, on_text=show,
+                                     start="spawn", runtime_hints=manifest.runtime_hints)
+        finally:
+            console.print()  # the streamed text's line ends before any message
     stats = generated.stats
     speeds = [f"{label} {value:,.0f}{unit}" for label, value, unit in (
         ("prefill", stats.prefill_tokens_per_s, " tokens/s"), ("decode", stats.decode_tokens_per_s, " tokens/s"),
         ("first token", stats.time_to_first_token_ms, " ms")) if value is not None]
     err_console.print(f"{len(generated.pieces)} tokens by {generated.generated_by}; " + ", ".join(speeds), highlight=False)
+
+
+def _room_for(bundle: Path, hints: dict[str, Any], prompt: str, new_tokens: int) -> int:
+    """``new_tokens``, or fewer where the prompt leaves less room in the bundle's cache (said); a prompt the cache
+    cannot hold is refused before anything runs."""
+    from tokenizers import Tokenizer
+
+    from prefect_executorch.spec.causal_lm import prompt_ids
+    from prefect_executorch.spec.llm import TOKENIZER_FILE
+
+    length = (hints.get("llm") or {}).get("max_seq_len")
+    if length is None:  # a bundle from before the manifest said it: the runner caps, and says why if it fails
+        return new_tokens
+    tokens = len(prompt_ids(Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), prompt))
+    if tokens >= length:
+        raise SpecError(f"PROMPT is {tokens} tokens and this bundle's KV cache holds {length} positions (the prompt "
+                        "and every token generated): shorten the prompt, or build the model with a larger "
+                        "llm.max_seq_len")
+    room = length - tokens
+    if new_tokens > room:
+        err_console.print(f"--new-tokens {new_tokens}: the {tokens}-token prompt leaves room for {room} in this "
+                          f"bundle's {length}-position cache; generating at most {room}", highlight=False)
+    return min(new_tokens, room)
 
 
 @app.command("ls")
@@ -297,7 +323,6 @@ def gc_command(
     from datetime import timedelta
 
     from prefect_executorch.artifacts.gc import gc
-    from prefect_executorch.errors import SpecError
 
     # click's min=0 lets nan through (no comparison with nan is true), and timedelta overflows past ~10^10 h.
     if not math.isfinite(grace_hours) or grace_hours > 24 * 366 * 100:

@@ -35,6 +35,21 @@ def require_llm_stack() -> None:
                                 f"install the llm extra: {LLM_INSTALL}")
 
 
+def check_positions(spec: BuildSpec) -> None:
+    """Refuse a cache longer than the positions the model was made for (its config's ``max_position_embeddings``),
+    read from ``config.json`` without loading the model."""
+    import json
+    from pathlib import Path
+
+    assert spec.llm is not None
+    config = json.loads((Path(spec.model) / "config.json").read_text())
+    limit = config.get("max_position_embeddings", (config.get("text_config") or {}).get("max_position_embeddings"))
+    if isinstance(limit, int) and spec.llm.max_seq_len > limit:
+        raise SpecError(f"llm.max_seq_len: {spec.llm.max_seq_len} is more positions than the model takes (its "
+                        f"max_position_embeddings is {limit}): positions past it were never trained; set max_seq_len "
+                        f"to at most {limit}")
+
+
 def load_tokenizer(spec: BuildSpec) -> Tokenizer:
     """The spec's ``tokenizer.json``, as ``tokenizers`` reads it (what the runner's tokenizer reads too)."""
     from tokenizers import Tokenizer

@@ -60,9 +60,10 @@ class Target(ABC):
         """``check``, after what the spec's model kind needs in this process's environment (a decoder LM: the
         ``llm`` extra): everything that keeps a build from starting, before any export."""
         if spec.llm is not None:
-            from prefect_executorch.spec.causal_lm import require_llm_stack
+            from prefect_executorch.spec.causal_lm import check_positions, require_llm_stack
 
             require_llm_stack()
+            check_positions(spec)
         return self.check(spec, toolchain)
 
     @abstractmethod

@@ -56,7 +56,10 @@ class GenerationCases(BaseModel):
 
     new_tokens: int
     prompts: list[str]
-    expected: list[list[str]] = Field(description="Eager's tokens per prompt, each as its text.")
+    expected: list[list[str]] = Field(description="The program's own tokens per prompt, each as its text: what it "
+                                      "generated when validated, and what `verify` must reproduce.")
+    eager: list[list[str]] | None = Field(None, description="fp32 eager's tokens per prompt, where a quantized or "
+                                          "lower-precision program's differ from them (None: they are the same).")
 
 
 def eager_greedy(model: PreTrainedModel, prompt_ids: list[int], new_tokens: int) -> list[int]:
@@ -285,6 +288,7 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
     if req.bundled_out and passed:
         Path(req.bundled_out).write_text(GenerationCases(
             new_tokens=spec.llm.new_tokens, prompts=spec.llm.prompts, expected=[case.actual for case in cases],
+            eager=[case.expected for case in cases] if any(not case.passed for case in cases) else None,
         ).model_dump_json(indent=1))
     return ValidationReport(
         passed=passed, cases=[], delegates={}, load_seconds=load_seconds, used_data_file=data is not None, gates=gates,

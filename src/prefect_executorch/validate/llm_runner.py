@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
+from prefect_executorch.errors import ChildProcessFailed, GenerationFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
 from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.causal_lm import prompt_ids
@@ -100,6 +100,10 @@ def run_generation_cases(bundle_dir: Path, target: str, data_files: list[str], *
     """Run a decoder-LM bundle's prompts on this machine (its runtime set up as ``runtime_hints`` say);
     ``ValidationFailed`` naming the first that departs."""
     where = shown_as or bundle_dir
+    if not (bundle_dir / GENERATION_CASES_FILE).is_file():
+        raise ValidationFailed(f"{where} has no {GENERATION_CASES_FILE} to run (a decoder-LM bundle's own prompts and "
+                               "tokens); nothing was verified: revalidate it against the model with "
+                               "`prefect-executorch validate` instead")
     request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files,
                             runtime_hints=runtime_hints or {})
     report = _in_child("verify-generation", request, GenerationReport,
@@ -123,7 +127,11 @@ def generate(bundle_dir: Path, target: str, data_files: list[str], prompt: str, 
         request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files, prompt=prompt,
                                 new_tokens=new_tokens, stream_to=str(stream), runtime_hints=runtime_hints or {})
         with _following(stream, on_text):
-            return _in_child("generate", request, Generated, f"generation with {bundle_dir}", None, start)
+            try:
+                return _in_child("generate", request, Generated, f"generation with {bundle_dir}", None, start)
+            except ValidationFailed as exc:  # what the child's failure is called when a check runs the prompts
+                raise GenerationFailed(str(exc).replace("; the program did not generate", "; the program stopped "
+                                                        "generating"), child_output=exc.child_output) from None
 
 
 @contextlib.contextmanager

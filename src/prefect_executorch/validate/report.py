@@ -326,8 +326,9 @@ class ValidationReport(BaseModel):
     def describe_worst(self) -> str | None:
         """One line on the worst failure: a failed call, else a failed output, else a failed gate (an LLM: its prompts)."""
         if self.generation is not None:
-            failed_gates = self.failed_gates()
-            return failed_gates[0].describe() if failed_gates and self.generation.passed else self.generation.describe()
+            # An exact build: its first failed prompt; a quantized or lower-precision one: its figures and first
+            # departure (its gates are listed on their own).
+            return self.generation.describe()
         failed_call = next((case for case in self.cases if case.error), None)
         if failed_call is not None:
             return f"{failed_call.where}: {failed_call.error}"
