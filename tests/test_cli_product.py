@@ -414,3 +414,37 @@ def test_a_missing_or_wrong_store_is_named_before_any_work(built: Path, tmp_path
         assert result.returncode == 2, (args, result.stderr[-1500:])
         assert said in result.stderr.splitlines()[0] and "Traceback" not in result.stderr, (args, result.stderr[-1500:])
     assert not out.exists()  # refused before anything was exported
+
+
+def test_the_advice_for_an_unsigned_bundle_works_a_rebuild_with_a_key_signs_it(tmp_path: Path) -> None:
+    """IntegrityError says "publish it again with PREFECT_EXECUTORCH_SIGNING_KEY": the unchanged rebuild is a cache
+    hit, and with the key set it signs the published bundle, which then pulls where the public key is required."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    private, public = tmp_path / "bundle.pem", tmp_path / "bundle.pub"
+    private.write_bytes(key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    public.write_bytes(key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+    spec = str(write_spec(tmp_path / "spec.json"))
+    built = run_cli("build", spec, cwd=tmp_path)
+    assert built.returncode == 0 and "unsigned: no model.sig" in built.stdout, built.stderr
+    requiring = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"),
+                 "PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY": str(public)}
+
+    def pull(to: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, "pull", "mlp", "--version", "1", "--to", to], capture_output=True, text=True,
+                              cwd=tmp_path, env=requiring, timeout=300)
+
+    refused = pull("first")
+    assert refused.returncode != 0 and "publish it again with PREFECT_EXECUTORCH_SIGNING_KEY" in refused.stderr
+    signing = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"),
+               "PREFECT_EXECUTORCH_SIGNING_KEY": str(private)}
+    again = subprocess.run([*CLI, "build", spec], capture_output=True, text=True, cwd=tmp_path, env=signing, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "cache hit" in again.stdout and "signed: model.sig" in again.stdout
+    assert "signed mlp/1/portable/" in again.stderr and "it was published unsigned" in again.stderr
+    pulled = pull("second")
+    assert pulled.returncode == 0, pulled.stderr
+    inspected = run_cli("inspect", "second", cwd=tmp_path)
+    assert inspected.returncode == 0 and "signed: model.sig" in inspected.stdout

@@ -22,7 +22,7 @@ from prefect_executorch.cli.app import (
     open_for_reading,
     server_configured,
 )
-from prefect_executorch.cli.render import count_names, generated_by, rows_table
+from prefect_executorch.cli.render import SIGNED, UNSIGNED, count_names, generated_by, rows_table
 from prefect_executorch.defaults import GC_GRACE_HOURS, MAX_LATENCY_REGRESSION
 from prefect_executorch.errors import NotABundle, SpecError
 
@@ -35,6 +35,7 @@ def inspect(
 ) -> None:
     """Verify a bundle's files against its manifest and summarize it: key, compat, delegates, validation."""
     from prefect_executorch.artifacts.publishing import verify_bundle_dir
+    from prefect_executorch.artifacts.signing import SIGNATURE_FILE
     from prefect_executorch.program import read_program
     from prefect_executorch.spec.llm import RUNNER_METADATA
 
@@ -57,6 +58,7 @@ def inspect(
     cases = f"prompts through {generated_by(manifest)}" if manifest.validation.generation_agreement is not None else "cases"
     console.print(f"validation {verdict}: {manifest.validation.cases} {cases}; worst: "
                   f"{escape(manifest.validation.worst or '-')}")
+    console.print(SIGNED if (bundle_dir / SIGNATURE_FILE).is_file() else UNSIGNED)
 
 
 @app.command()

@@ -66,9 +66,14 @@ def generated_by(manifest: Any) -> str:
     return manifest.validation.generated_by or "ExecuTorch's LLM runner"
 
 
+#: Whether a bundle carries a signature, as the build summary and ``inspect`` say it.
+SIGNED = "signed: model.sig (pulls verify it where PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY is set)"
+UNSIGNED = "unsigned: no model.sig (set PREFECT_EXECUTORCH_SIGNING_KEY and build it again to sign it)"
+
+
 def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     """Where the bundle is, what it runs on and how it validated; fresh build or cache hit; each stage's time."""
-    from prefect_executorch.artifacts.publishing import read_manifest
+    from prefect_executorch.artifacts.publishing import is_signed, read_manifest
     from prefect_executorch.artifacts.urls import open_store
     from prefect_executorch.spec.llm import RUNNER_METADATA
 
@@ -91,6 +96,7 @@ def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     else:
         console.print(f"validation: {manifest.validation.cases} cases passed; worst: "
                       f"{escape(manifest.validation.worst or '-')}")
+    console.print(SIGNED if is_signed(store, ref) else UNSIGNED)
     console.print("stages: " + ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
 
 
