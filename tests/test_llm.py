@@ -303,6 +303,35 @@ def test_generate_hands_over_the_text_as_the_child_makes_it(built_llama: Path) -
     assert generated.pieces and "".join(chunks) == "".join(generated.pieces)
 
 
+def test_a_generation_case_the_program_does_not_reproduce_fails_verify_by_generation(built_llama: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The cases edited and the manifest sealed again over them (checksums and digest right, as a careless re-publish
+    would make them): only running the prompts can catch it, and verify names the prompt and the token."""
+    import hashlib
+    import shutil
+
+    from prefect_executorch.artifacts.signing import seal
+
+    copy = tmp_path / "copy"
+    shutil.copytree(built_llama / "pulled", copy)
+    cases_file = copy / GENERATION_CASES_FILE
+    cases = json.loads(cases_file.read_text())
+    cases["expected"][0][2] = "NOT-A-TOKEN"
+    cases_file.write_text(json.dumps(cases))
+    document = json.loads((copy / "manifest.json").read_text())
+    del document["digest"]
+    for entry in document["files"]:
+        if entry["path"] == GENERATION_CASES_FILE:
+            entry.update(sha256=hashlib.sha256(cases_file.read_bytes()).hexdigest(), size=cases_file.stat().st_size)
+    (copy / "manifest.json").write_bytes(seal(document))
+    (copy / "model.sig").unlink(missing_ok=True)
+    mismatch = _cli("verify", str(copy), cwd=tmp_path)
+    assert mismatch.returncode == 1, mismatch.stderr
+    last = mismatch.stderr.strip().splitlines()[-1]
+    assert f"1 of 3 prompts of {copy / GENERATION_CASES_FILE} generate other tokens on this machine" in last
+    assert "new token 2 is" in last and "where its validated run generates 'NOT-A-TOKEN'" in last
+
+
 def test_a_changed_generation_case_is_caught_by_verify(built_llama: Path, tmp_path: Path) -> None:
     import shutil
 

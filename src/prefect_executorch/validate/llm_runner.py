@@ -67,7 +67,7 @@ def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
     for prompt, expected in zip(cases.prompts, cases.expected, strict=True):
         actual, timing = generator.greedy(prompt, cases.new_tokens)
         tokens = len(prompt_ids(tokenizer, prompt))
-        results.append(compare_generation(prompt, tokens, expected, actual))
+        results.append(compare_generation(prompt, tokens, expected, actual, reference="its validated run"))
         timings.append(timing)
     return GenerationReport(new_tokens=cases.new_tokens, cases=results, stats=timings, generated_by=generator.name)
 
