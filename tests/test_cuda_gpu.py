@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -274,6 +275,9 @@ def test_a_bf16_decoder_lm_builds_passes_its_gates_and_generates_through_the_cli
     cli = _cli_in(tmp_path)
     built = cli("build", "llm.yaml")
     assert "validation through ExecuTorch's runtime, one token per call" in built and "teacher-forced top-1" in built
+    # The bf16 gates' values, as the summary says them: at least the spec's defaults (90%, 1.2x).
+    gates = re.search(r"teacher-forced top-1 agreement ([0-9.]+)%, perplexity ([0-9.]+)x", built)
+    assert gates is not None and float(gates[1]) >= 90.0 and float(gates[2]) <= 1.2, built
     bundle = tmp_path / "store" / "tiny-llama" / "1" / "cuda" / f"{gpu.cuda_channel}-{gpu.sm}-cuda-{gpu.arch}"
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["data_files"] == [DATA_FILE] and manifest["validation"]["passed"]
