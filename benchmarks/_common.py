@@ -37,13 +37,16 @@ TREE_ENV = "PREFECT_EXECUTORCH_BENCHMARK_TREE"
 
 
 def _commit() -> str | None:
-    """The tree that ran: ``git describe --always --dirty`` (a full hash; ``-dirty`` when files differ from it)."""
+    """The tree that ran: the one its sender named (a copy sent to another machine, whose own .git, if any, is not
+    this tree's), else ``git describe --always --dirty`` (a full hash; ``-dirty`` when files differ from it)."""
+    if os.environ.get(TREE_ENV):
+        return os.environ[TREE_ENV]
     try:
         done = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=40"], capture_output=True,
                               text=True, timeout=10, cwd=Path(__file__).parent)
     except OSError:
         done = None
-    return (done.stdout.strip() if done else "") or os.environ.get(TREE_ENV) or None
+    return (done.stdout.strip() if done else "") or None
 
 
 def machine() -> dict[str, Any]:
