@@ -29,9 +29,11 @@ def test_retrain_request_is_checked_before_anything_is_sent(tmp_path: Path) -> N
 def test_deploy_needs_a_store_and_a_reachable_server(tmp_path: Path) -> None:
     no_store = _run("deploy")
     assert no_store.returncode == 2 and "--store: not set" in no_store.stderr
-    unreachable = _run("deploy", "--store", str(tmp_path), PREFECT_API_URL="http://127.0.0.1:9/api")
-    assert unreachable.returncode == 1
-    assert "cannot create work pools at http://127.0.0.1:9/api" in unreachable.stderr
+    unreachable = _run("deploy", "--store", str(tmp_path), PREFECT_API_URL="http://127.0.0.1:9/api",
+                       PREFECT_EXECUTORCH_API_WAIT_S="1")
+    assert unreachable.returncode == 2
+    assert "PrefectApiUnreachable: PREFECT_API_URL=http://127.0.0.1:9/api: no Prefect server answered within 1 s" \
+        in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
 
 

@@ -41,6 +41,7 @@ NAMES: dict[str, tuple[str | None, str, str, Any]] = {
     "PREFECT_EXECUTORCH_DEBUG": (None, "debug", "1", True),
     "PREFECT_EXECUTORCH_GPU": (None, "gpu", "3", 3),
     "PREFECT_EXECUTORCH_RESULT_STORAGE": (None, "result_storage", "block:s3-bucket/results", "block:s3-bucket/results"),
+    "PREFECT_EXECUTORCH_API_WAIT_S": (None, "api_wait_s", "12.5", 12.5),
     "PREFECT_EXECUTORCH_S3_ENDPOINT_URL": ("s3", "endpoint_url", "http://127.0.0.1:8333", "http://127.0.0.1:8333"),
     "PREFECT_EXECUTORCH_S3_REGION": ("s3", "region", "eu-west-3", "eu-west-3"),
     "PREFECT_EXECUTORCH_S3_ADDRESSING_STYLE": ("s3", "addressing_style", "path", "path"),

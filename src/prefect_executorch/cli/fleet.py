@@ -74,10 +74,10 @@ def worker(
         worker_toolchain,
     )
 
-    require_prefect_api()
     toolchain = worker_toolchain()  # in a child: the worker itself never imports torch nor holds a CUDA context
     if gpu is not None and gpu not in [g.index for g in toolchain.gpus]:
         raise ToolchainMismatch(f"--gpu: no GPU {gpu} here; this machine has {describe_worker(toolchain)}")
+    require_prefect_api()  # what the command line says is checked first: it needs no server
     channel = channel_of_pool(pool)
     if channel and channel != toolchain.cuda_channel:
         err_console.print(f"[yellow]warning:[/] pool {pool} builds for {channel} but this machine is "
@@ -117,10 +117,10 @@ def retrain(
 
     if not PREFECT_API_URL.value():
         raise SpecError("PREFECT_API_URL: not set; point it at the server that runs the retrain deployment")
-    require_prefect_api()
     if sha256 is None and "://" not in weights and Path(weights).is_file():
         sha256 = sha256_file(weights)
     request = parse_request({"name": name, "weights_uri": weights, "weights_sha256": sha256, "version": version,
                              "reason": reason, "training_run": training_run})
+    require_prefect_api()  # after the request is checked: a bad one needs no server to be refused
     event_id = emit_retrain(request)
     console.print(f"emitted {EVENT} for {request.resource_id} (event {event_id})")
