@@ -211,41 +211,41 @@ def publish(store: ObjectStore, bundle_dir: Path, manifest: Manifest, *,
 
 def is_signed(store: ObjectStore, ref: BundleRef) -> bool:
     """Whether a ``model.sig`` of ``ref``'s very manifest is stored."""
-    return store.exists(ref.key.key(f"{SIGNATURE_FILE}.{ref.manifest_sha256}"))
+    return store.exists(_signature_object(ref.key, ref.manifest_sha256))
 
 
-def sign_if_unsigned(store: ObjectStore, ref: BundleRef, scratch: Path, *,
-                     signing: SigningSettings | None = None) -> bool:
+def sign_unsigned(store: ObjectStore, ref: BundleRef, *, signing: SigningSettings | None = None) -> bool:
     """Sign a published bundle that has no signature, where a signing key is set (a cache hit of a build that
-    signs now: what ``IntegrityError``'s advice asks for); whether it is signed afterwards.
+    signs now: what ``IntegrityError``'s advice asks for); whether it signed it now.
 
-    The bundle is downloaded into ``scratch`` with every checksum verified, signed exactly as it is pulled, and
-    its signature stored beside the manifest (named by the manifest's sha256, as ``publish`` stores it): nothing
-    published is rewritten.
+    The bundle is downloaded into a scratch folder with every checksum verified, signed exactly as it is pulled,
+    and its signature stored beside the manifest (named by the manifest's sha256, as ``publish`` stores it):
+    nothing published is rewritten.
     """
+    from prefect_executorch.scratch import scratch_dir
     from prefect_executorch.settings import SigningSettings
 
-    if is_signed(store, ref):
-        return True
     private_key = _signing(signing).checked_signing_key()
-    if private_key is None:
+    if private_key is None or is_signed(store, ref):
         return False
-    copy = scratch / f"sign-{ref.manifest_sha256[:12]}"
-    # No public key while pulling: the bundle is unsigned, which is what this mends.
-    manifest = pull(store, ref.key, copy, manifest_sha256=ref.manifest_sha256,
-                    signing=SigningSettings(signing_key=None, signing_public_key=None))
-    try:
+    with scratch_dir("sign") as scratch:
+        copy = scratch / "bundle"
+        # No public key while pulling: the bundle is unsigned, which is what this mends.
+        manifest = pull(store, ref.key, copy, manifest_sha256=ref.manifest_sha256,
+                        signing=SigningSettings(signing_key=None, signing_public_key=None))
         body = (copy / MANIFEST_FILE).read_bytes()
         _put_signature(store, ref.key, body, _sign(copy, manifest, body, private_key))
-    finally:
-        shutil.rmtree(copy, ignore_errors=True)
     return True
+
+
+def _signature_object(key: BundleKey, manifest_sha256: str) -> str:
+    return key.key(f"{SIGNATURE_FILE}.{manifest_sha256}")
 
 
 def signature_key(key: BundleKey, manifest_body: bytes) -> str:
     """Where the signature of one manifest is stored: named by the manifest's sha256, so that two attempts
     at one bundle key never overwrite each other's signature and the manifest that lands finds its own."""
-    return key.key(f"{SIGNATURE_FILE}.{sha256_bytes(manifest_body)}")
+    return _signature_object(key, sha256_bytes(manifest_body))
 
 
 def _sign(bundle_dir: Path, manifest: Manifest, body: bytes, private_key: Path) -> bytes:

@@ -41,7 +41,7 @@ def build(
     endpoint_url: EndpointOption = None,
 ) -> None:
     """Export, validate and publish one bundle (ephemeral Prefect unless a server is configured)."""
-    from prefect_executorch.artifacts.publishing import list_bundles
+    from prefect_executorch.artifacts.publishing import list_bundles, sign_unsigned
     from prefect_executorch.artifacts.urls import open_store
     from prefect_executorch.machine.probecache import cached_toolchain, probe_cached
     from prefect_executorch.progress import listening, stage
@@ -76,8 +76,9 @@ def build(
                 with stage("probe"):
                     toolchain = probe_cached()
             ref = _published_build(spec, opened, toolchain)
-            if ref is not None:
-                _sign_cache_hit(opened, ref)
+            if ref is not None and sign_unsigned(opened, ref):  # an unchanged rebuild with a key signs what is unsigned
+                err_console.print(f"signed {ref.key.prefix}: it was published unsigned; its model.sig is stored now",
+                                  highlight=False)
             if ref is not None and server_configured():
                 from prefect_executorch.tasks.events import emit_reused
 
@@ -98,19 +99,6 @@ def build(
                 prefect_start.abandon()
             raise
     print_build_summary(ref, view.seconds)
-
-
-def _sign_cache_hit(store: Any, ref: Any) -> None:
-    """An unchanged rebuild with a signing key set signs the published bundle if it is unsigned (and says so)."""
-    from prefect_executorch.artifacts.publishing import is_signed, sign_if_unsigned
-    from prefect_executorch.scratch import scratch_dir
-
-    if is_signed(store, ref):
-        return
-    with scratch_dir("sign") as scratch:
-        if sign_if_unsigned(store, ref, scratch):
-            err_console.print(f"signed {ref.key.prefix}: it was published unsigned; its model.sig is stored now",
-                              highlight=False)
 
 
 def _left_by(store: Any, name: str, version: str) -> str:

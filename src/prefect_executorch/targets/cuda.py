@@ -59,6 +59,7 @@ CUDA_GRAPH_OPTION = "enable_cuda_graph_for_method"
 
 def inductor_problems(settings: dict[str, Any]) -> list[str]:
     """What is wrong with ``target.inductor``: settings the backend owns, and names this torch's Inductor lacks."""
+    import torch
     from torch._inductor import config
 
     known = set(config.get_config_copy())
@@ -67,7 +68,7 @@ def inductor_problems(settings: dict[str, Any]) -> list[str]:
         if key in BACKEND_OWNED_INDUCTOR or key.startswith("aot_inductor."):
             problems.append(f"target.inductor.{key}: ExecuTorch's CUDA backend sets this itself for every compile")
         elif key not in known:
-            problems.append(f"target.inductor.{key}: torch {__import__('torch').__version__}'s Inductor has no such "
+            problems.append(f"target.inductor.{key}: torch {torch.__version__}'s Inductor has no such "
                             "setting (names as in torch._inductor.config, e.g. coordinate_descent_tuning)")
     return problems
 

@@ -8,13 +8,12 @@ from typing import TYPE_CHECKING
 from prefect import get_run_logger, task
 
 from prefect_executorch.artifacts.manifest import BundleKey
-from prefect_executorch.artifacts.publishing import BundleRef, is_signed, sign_if_unsigned
+from prefect_executorch.artifacts.publishing import BundleRef, sign_unsigned
 from prefect_executorch.artifacts.rebuild import PublishedBuild, check_rebuild
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.errors import PrefectExecutorchError
 from prefect_executorch.fleet.gpu_slots import gpu_slot
 from prefect_executorch.machine.toolchain import Toolchain
-from prefect_executorch.scratch import scratch_dir
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.targets import needs_cuda
 from prefect_executorch.tasks.cache import BuildCachePolicy
@@ -35,19 +34,16 @@ def check_published(spec: BuildSpec, toolchain: Toolchain, compat: str, store: s
 
     A cache hit says so: a log line, a link to the bundle it returns and a ``bundle.reused`` event.
     """
-    published = check_rebuild(spec, toolchain, compat, open_store(store))
+    opened = open_store(store)
+    published = check_rebuild(spec, toolchain, compat, opened)
     if published.ref is not None:
         ref = published.ref
         get_run_logger().info("cache hit: %s is in %s from an identical build (manifest sha256 %s); nothing exported",
                               ref.key.prefix, ref.store, ref.manifest_sha256)
         publish_bundle_link(ref, "cache hit: an identical build's bundle, nothing exported")
         emit_reused(ref, "flow")
-        opened = open_store(store)
-        if not is_signed(opened, ref):
-            with scratch_dir("sign") as scratch:
-                if sign_if_unsigned(opened, ref, scratch):
-                    get_run_logger().info("signed %s: it was published unsigned; its model.sig is stored now",
-                                          ref.key.prefix)
+        if sign_unsigned(opened, ref):
+            get_run_logger().info("signed %s: it was published unsigned; its model.sig is stored now", ref.key.prefix)
     return published
 
 

@@ -269,15 +269,16 @@ def validate_generation(req: ValidateRequest) -> ValidationReport:
     check_vocabulary(model, tokenizer)
     check_prompt_lengths(spec, tokenizer)
     cases, timings = [], []
+    # The teacher-forced pass calls the program's forward itself: the generator where it does so, else one load for
+    # every prompt (each call writes the cache from the positions it is given, so no prompt sees another's).
+    forced_by = generator if isinstance(generator, ForwardCalls) else \
+        ForwardCalls(LoadedProgram(program, data), bundle / TOKENIZER_FILE)
     with torch.no_grad():
         for prompt in spec.llm.prompts:
             ids = prompt_ids(tokenizer, prompt)
             tokens = eager_greedy(model, ids, spec.llm.new_tokens)
             expected = token_texts(tokenizer, tokens)
             actual, timing = generator.greedy(prompt, spec.llm.new_tokens)
-            # Its own load where a process may hold two programs: the cache state starts empty.
-            forced_by = generator if isinstance(generator, ForwardCalls) and target.one_program_per_process else \
-                ForwardCalls(LoadedProgram(program, data), bundle / TOKENIZER_FILE)
             case = compare_generation(prompt, len(ids), expected, actual)
             cases.append(case.model_copy(update={"forced": teacher_forced(forced_by, model, ids, tokens)}))
             timings.append(timing)

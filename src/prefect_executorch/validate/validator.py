@@ -33,6 +33,7 @@ from prefect_executorch.validate.report import CaseResult, GateResult, LatencyRe
 if TYPE_CHECKING:
     import torch
 
+    from prefect_executorch.targets.base import Target
     from prefect_executorch.validate.triage import TriageReport
 
 
@@ -196,11 +197,10 @@ def _validate_method(
     return cases, latency
 
 
-def _check_replay(spec: BuildSpec, name: str, program: LoadedProgram) -> ReplayCheck:
+def _check_replay(spec: BuildSpec, target: Target, name: str, program: LoadedProgram) -> ReplayCheck:
     """``name`` on its first case's inputs through the CUDA-graph capture and a replay (``validate/replay.py``)."""
     method = spec.methods[name]
     _, _, host_inputs = next(iter(case_inputs(spec, name, method)))
-    target = get_target(spec.target_name)
     prepared = tuple(target.prepare_input(t, spec) for t in host_inputs)
     return check_replay(name, lambda: program.run(name, prepared, method.inputs))
 
@@ -223,8 +223,8 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
     program = LoadedProgram(bundle / req.program, data)
     load_seconds = time.monotonic() - started
     # Before any case: every later call of a graph method is a replay, so the cases judge what serving runs.
-    replay = [_check_replay(spec, name, program) for name in hints.get("cuda_graph_methods") or []]
-    model = load_model(spec).to(get_target(spec.target_name).eager_device(spec))
+    replay = [_check_replay(spec, target, name, program) for name in hints.get("cuda_graph_methods") or []]
+    model = load_model(spec).to(target.eager_device(spec))
     cases: list[CaseResult] = []
     latency: list[LatencyResult] = []
     first_calls: dict[str, float] = {}
