@@ -1,7 +1,7 @@
 """A bundle run as a C++ service runs it: ExecuTorch's ``Module`` from the installed wheel's own libraries.
 
 The consumer (``prefect_executorch/consumer``: ``main.cpp`` and a ``CMakeLists.txt`` that finds the wheel's
-``executorch-config.cmake``) is built once per ExecuTorch version and source, under the user's cache directory.
+``executorch-config.cmake``) is built once per ExecuTorch version, install location and source, under the user's cache directory.
 The bundle's ``model.bpte`` cases are written out as raw tensors for it (ExecuTorch's wheel ships no C++
 bundled-program library), and it prints one line per case and a verdict; its exit status says which failed.
 """
@@ -88,9 +88,14 @@ def executorch_cmake_dir() -> Path:
 
 
 def consumer_binary() -> Path:
-    """The consumer built against the installed ExecuTorch (once per version and source)."""
+    """The consumer built against the installed ExecuTorch (once per version, install location and source).
+
+    The binary links that install's libraries by path: one built against another environment (since deleted, say)
+    would not start (exit 127), so the location is part of the key.
+    """
     sources = b"".join((SOURCE_DIR / name).read_bytes() for name in ("CMakeLists.txt", "main.cpp"))
-    build = cache_root() / f"executorch-{version('executorch')}-{sha256_bytes(sources)[:12]}"
+    cmake_dir = executorch_cmake_dir()
+    build = cache_root() / f"executorch-{version('executorch')}-{sha256_bytes(sources + bytes(cmake_dir))[:12]}"
     if (build / BINARY).is_file():
         return build / BINARY
     cmake = shutil.which("cmake")
@@ -98,7 +103,7 @@ def consumer_binary() -> Path:
         raise ToolchainMismatch(f"building the C++ consumer needs cmake, which is not on PATH; {INSTALL}")
     build.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".building-", dir=build.parent) as scratch:
-        for step in ([cmake, "-S", str(SOURCE_DIR), "-B", scratch, f"-Dexecutorch_DIR={executorch_cmake_dir()}",
+        for step in ([cmake, "-S", str(SOURCE_DIR), "-B", scratch, f"-Dexecutorch_DIR={cmake_dir}",
                       "-DCMAKE_BUILD_TYPE=Release"], [cmake, "--build", scratch]):
             try:
                 done = subprocess.run(step, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
