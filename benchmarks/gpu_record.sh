@@ -4,13 +4,14 @@
 #   gpu_record.sh tests     the cuda and tensorrt tests (junit-cuda.xml, pytest-cuda.log)
 #   gpu_record.sh latency   benchmarks/gpu_latency.py (gpu_latency.json, gpu_latency.log); extra args passed on
 #   gpu_record.sh llm       benchmarks/llm.py --target cuda (llm_cuda.json, llm_cuda.log); extra args passed on
+#   gpu_record.sh gemm      benchmarks/aoti_gemm.py: the MLP under torch's AOTInductor per GEMM backend (aoti_gemm.json)
 #
 # Every step first writes stack-<step>.txt: the tree ($PREFECT_EXECUTORCH_BENCHMARK_TREE where the sender of a copy
 # without .git set it, else `git describe --dirty`), the GPU, its driver and the stack's versions.
 # Run on a GPU worker with the stack (docs/cuda.md; an offline host: ../shared/gpu/README.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-step=${1:?usage: gpu_record.sh tests|latency|llm [args]}; shift
+step=${1:?usage: gpu_record.sh tests|latency|llm|gemm [args]}; shift
 out=${OUT:-gpu-record}
 mkdir -p "$out"
 # A copy sent without its .git names its tree in the environment; inside a checkout, git says it.
@@ -31,7 +32,9 @@ case $step in
     python3 benchmarks/gpu_latency.py "$@" 2>&1 | tee "$out/gpu_latency.log";;
   llm)
     python3 benchmarks/llm.py --target cuda "$@" 2>&1 | tee "$out/llm_cuda.log";;
-  *) echo "gpu_record.sh: unknown step $step (tests, latency, llm)" >&2; exit 2;;
+  gemm)
+    python3 benchmarks/aoti_gemm.py "$@" 2>&1 | tee "$out/aoti_gemm.log";;
+  *) echo "gpu_record.sh: unknown step $step (tests, latency, llm, gemm)" >&2; exit 2;;
 esac
 status=${PIPESTATUS[0]}
 echo "finished: $(date -u +%FT%TZ) rc=$status" >> "$out/stack-$step.txt"

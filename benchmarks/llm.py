@@ -15,7 +15,8 @@ On ``--target xnnpack`` (this CPU) the sides are:
     transformers' own compile of the decode step (its ``CompileConfig``, on the CPU as its ``_compile_all_devices``
     flag asks). The faster of the two is the baseline of each figure.
 On ``--target cuda`` (a GPU worker with the CUDA stack): ``program_bf16`` through the runtime with CudaBackend (which
-ships no LLM runner; the prompt in one call, or with ``--cuda-graphs`` a token a call, each replayed) beside eager bf16
+ships no LLM runner; the prompt in one call, or with ``--cuda-graphs`` a token a call, each replayed) and
+``program_bf16_one_token`` (the prompt a token a call, as it was built before) beside eager bf16
 ``generate`` as transformers runs it on CUDA (a static cache compiled by default) and with ``disable_compile=True``.
 
 Every side generates greedily from the same ``--prompt-tokens``-token prompt, first 1 token (its time is the time to
@@ -66,7 +67,8 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
         "int8da4w_one_token": {"quantization": {"scheme": "int8da4w"},
                                "llm": {"prefill": "token_by_token", "attention": "transformers"}},
     },
-    "cuda": {"bf16": {"target": {"kind": "cuda", "precision": "bf16"}}},
+    "cuda": {"bf16": {"target": {"kind": "cuda", "precision": "bf16"}},
+             "bf16_one_token": {"target": {"kind": "cuda", "precision": "bf16"}, "llm": {"prefill": "token_by_token"}}},
 }
 EAGER = {"xnnpack": ("cpu", "float32"), "cuda": ("cuda", "bfloat16")}
 

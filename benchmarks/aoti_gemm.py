@@ -1,0 +1,81 @@
+"""What a cuBLAS GEMM in ExecuTorch's CUDA backend would give the fp32 MLP at batch 1, measured with torch's own AOTInductor.
+
+ExecuTorch's ``CudaBackend`` compiles with AOTInductor and fixes ``max_autotune_gemm_backends`` to ``TRITON``: its
+runtime ships no ``aoti_torch_cuda_mm_out``/``addmm_out`` shim, so Inductor may not pick cuBLAS (``ATEN``). Torch's own
+AOTInductor runtime has those shims. This benchmark compiles the GPU benchmark's MLP (benchmarks/gpu_models.py, static
+batch 1) with ``torch._inductor.aoti_compile_and_package`` and the backend's compile options, once per GEMM backend
+setting (``TRITON``: what the backend allows; ``ATEN``; ``ATEN,TRITON``: autotuned among both), loads each package
+with ``aoti_load_package`` and times it beside eager CUDA, inputs on the GPU and TF32 off on every side, in
+interleaved rounds. The ``TRITON`` package reproducing the program's gap shows the gap is the kernels; the others
+show what the change in ExecuTorch would be worth.
+
+The last line is ``RESULT aoti_gemm ratio=<best package allowed ATEN, p50 over eager's> goal=<=1.0``: whether a cuBLAS
+shim would bring the MLP's fp32 program to eager's speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import interleaved, report, scratch, spread  # noqa: E402
+from gpu_latency import timed  # noqa: E402
+from gpu_models import mlp  # noqa: E402
+
+#: The options ExecuTorch 1.4.1's CudaBackend.get_aoti_compile_options sets that bear on the kernels (its packaging
+#: options, which decide where weights live, are left to torch's defaults: they do not change what runs).
+BACKEND_OPTIONS: dict[str, Any] = {"loop_ordering_after_fusion": False, "emulate_precision_casts": True,
+                                   "max_autotune": True, "max_autotune_conv_backends": "TRITON"}
+GEMM_BACKENDS = ("TRITON", "ATEN", "ATEN,TRITON")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = mlp().cuda()
+    example = (torch.randn(1, 64, 512, generator=torch.Generator().manual_seed(1)).cuda(),)
+    folder = scratch("aoti-gemm")
+    figures: dict[str, Any] = {"options": BACKEND_OPTIONS}
+    sides: dict[str, Any] = {"eager_cuda": lambda: model(*example)}
+    with torch.no_grad():
+        expected = model(*example)
+        exported = torch.export.export(model, example)
+        for backends in GEMM_BACKENDS:
+            started = time.perf_counter()
+            package = torch._inductor.aoti_compile_and_package(
+                exported, package_path=str(folder / f"{backends.replace(',', '_')}.pt2"),
+                inductor_configs={**BACKEND_OPTIONS, "max_autotune_gemm_backends": backends})
+            runner = torch._inductor.aoti_load_package(package)
+            figures[f"compile_s_{backends}"] = round(time.perf_counter() - started, 1)
+            figures[f"max_abs_error_{backends}"] = float((runner(*example) - expected).abs().max())
+            sides[f"aoti_{backends}"] = lambda run=runner: run(*example)
+        per_round = interleaved({side: lambda _, call=call: timed(call, args.calls, warmup=10)
+                                 for side, call in sides.items()}, args.rounds)
+    for side, values in per_round.items():
+        figures[side] = {"p50": spread([p50 for p50, _ in values], 4, "ms"),
+                         "p95_median_ms": round(statistics.median(p95 for _, p95 in values), 4)}
+
+    def p50(side: str) -> float:
+        return float(figures[side]["p50"]["median_ms"])
+
+    with_aten = min((f"aoti_{backends}" for backends in GEMM_BACKENDS if "ATEN" in backends), key=p50)
+    figures["triton_only_over_eager"] = round(p50("aoti_TRITON") / p50("eager_cuda"), 3)
+    figures["best_with_aten"] = with_aten
+    figures["gpu"] = torch.cuda.get_device_name(0)
+    return 0 if report("aoti_gemm", p50(with_aten) / p50("eager_cuda"), "<=1.0", figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
