@@ -4,7 +4,7 @@
 #   gpu_record.sh tests     the cuda and tensorrt tests (junit-cuda.xml, pytest-cuda.log)
 #   gpu_record.sh latency   benchmarks/gpu_latency.py (gpu_latency.json, gpu_latency.log); extra args passed on
 #   gpu_record.sh llm       benchmarks/llm.py --target cuda (llm_cuda.json, llm_cuda.log); extra args passed on
-#   gpu_record.sh gemm      benchmarks/aoti_gemm.py: the MLP under torch's AOTInductor per GEMM backend (aoti_gemm.json)
+#   gpu_record.sh gemm      benchmarks/inductor_gemm.py: the MLP under torch's Inductor per GEMM backend (inductor_gemm.json)
 #
 # Every step first writes stack-<step>.txt: the tree ($PREFECT_EXECUTORCH_BENCHMARK_TREE where the sender of a copy
 # without .git set it, else `git describe --dirty`), the GPU, its driver and the stack's versions.
@@ -33,7 +33,7 @@ case $step in
   llm)
     python3 benchmarks/llm.py --target cuda "$@" 2>&1 | tee "$out/llm_cuda.log";;
   gemm)
-    python3 benchmarks/aoti_gemm.py "$@" 2>&1 | tee "$out/aoti_gemm.log";;
+    python3 benchmarks/inductor_gemm.py "$@" 2>&1 | tee "$out/inductor_gemm.log";;
   *) echo "gpu_record.sh: unknown step $step (tests, latency, llm, gemm)" >&2; exit 2;;
 esac
 status=${PIPESTATUS[0]}
