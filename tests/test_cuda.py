@@ -2,7 +2,7 @@
 with TF32 off, synchronised latency, the GPU slot, routing, and CUDA inputs up to the delegate runtime.
 
 Runs on any NVIDIA GPU worker (``python -m pytest -m "cuda or tensorrt" -ra``); elsewhere every test is
-skipped with the probe's reason. The record of a run on an H200 is tests/fixtures/junit-cuda-*.xml.
+skipped with the probe's reason. The record of a run on an H200 is in records/gpu/ (records/README.md).
 """
 
 from __future__ import annotations

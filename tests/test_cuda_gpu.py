@@ -5,7 +5,7 @@ Run on an NVIDIA GPU worker with the GPU stack (docs/cuda.md; on an offline host
     python -m pytest -m "cuda or tensorrt" -ra
 
 Elsewhere every test is skipped with the target's own refusal of this machine. The record of a run on an
-H200 is tests/fixtures/junit-cuda-h200.xml.
+H200 is records/gpu/2026-12-04-h200-5ca7cad/junit-cuda-h200.xml.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def cuda_spec(factory: str = "mlp", shape: list[int] | None = None, **target: An
 @pytest.fixture(scope="module")
 def h200() -> Toolchain:
     """The probe of the H200 with the stack ../shared/gpu/stage installs (torch 2.14 cu130, ExecuTorch 1.4.1, the
-    runtime wheel), taken there on 2026-12-04 by the run of tests/fixtures/junit-cuda-h200.xml."""
+    runtime wheel), taken there on 2026-12-04 by the run of records/gpu/2026-12-04-h200-5ca7cad/junit-cuda-h200.xml."""
     return Toolchain.model_validate_json((FIXTURES / "hostprobe_h200_staged.json").read_text())
 
 
