@@ -117,7 +117,8 @@ def report(name: str, ratio: float, goal: str, figures: dict[str, Any], checks: 
     failed = [check for check, ok in checks.items() if not ok]
     passed = met and not failed
     RESULTS.mkdir(exist_ok=True)
-    payload = {"name": name, "ratio": ratio, "goal": goal, "passed": passed, "checks": checks, "figures": figures,
+    payload = {"name": name, "benchmark": Path(sys.argv[0]).name, "ratio": ratio, "goal": goal, "passed": passed,
+               "checks": checks, "figures": figures,
                "machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2))
     for key, value in figures.items():

@@ -1,0 +1,137 @@
+"""Figures in README.md and docs/*.md that name their record are checked against it.
+
+A figure is written as a link to the committed JSON record that holds it, the fragment naming the value (a
+dotted path; ``*N`` scales it, e.g. seconds shown as milliseconds):
+
+    [1.7 ms](records/gpu/2026-12-06-h100-edbb4c9/llm/llm_cuda.json#figures.program_bf16.first_token.median_s*1000)
+
+The link's text must show the value as recorded (to the digits it shows), the record must exist, and the tree that
+made it (``machine.commit``) must be a clean commit of this repository that holds the benchmark that wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+ROOT = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\[([^\]]+)\]\(([^)\s#]+\.json)#([^)\s]+)\)")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+#: Result names whose benchmark file is not ``benchmarks/<name>.py`` (records written before they named it).
+BENCHMARK_OF = {"llm_cuda": "llm.py"}
+
+
+class Figure(BaseModel):
+    """One figure link: where it is written, what it shows and the record value it names."""
+
+    document: str
+    line: int
+    text: str
+    record: str
+    record_file: Path
+    path: str
+
+
+def figures_in(document: Path) -> list[Figure]:
+    """The figure links of ``document``, each record resolved from the document's folder as a link is."""
+    found = []
+    name = document.relative_to(ROOT).as_posix() if document.is_relative_to(ROOT) else document.name
+    for number, line in enumerate(document.read_text().splitlines(), start=1):
+        for match in LINK.finditer(line):
+            found.append(Figure(document=name, line=number, text=match[1], record=match[2],
+                                record_file=document.parent / match[2], path=match[3]))
+    return found
+
+
+def _value(record: Any, path: str) -> float:
+    dotted, _, scale = path.partition("*")
+    value = record
+    for key in dotted.split("."):
+        value = value[int(key)] if isinstance(value, list) else value[key]
+    return float(value) * float(scale or 1)
+
+
+def _has_file_at(commit: str, name: str) -> bool:
+    done = subprocess.run(["git", "cat-file", "-e", f"{commit}:{name}"], cwd=ROOT, capture_output=True)
+    return done.returncode == 0
+
+
+def problems_of(figure: Figure, check_commits: bool = True) -> list[str]:
+    """What is wrong with ``figure``: each a line naming the document, the figure and the record."""
+    where = f"{figure.document}:{figure.line}: [{figure.text}]"
+    if not figure.record_file.is_file():
+        return [f"{where}: its record {figure.record} does not exist"]
+    record = json.loads(figure.record_file.read_text())
+    try:
+        value = _value(record, figure.path)
+    except (KeyError, IndexError, ValueError, TypeError):
+        return [f"{where}: {figure.record} has no number at {figure.path}"]
+    shown = NUMBER.search(figure.text)
+    if shown is None:
+        return [f"{where}: the link shows no number"]
+    digits = len(shown[0].partition(".")[2])
+    problems = []
+    if abs(float(shown[0].replace(",", "")) - value) > 0.5 * 10 ** -digits + 1e-9:
+        problems.append(f"{where}: {figure.record} holds {value:.{digits + 2}f} at {figure.path}")
+    commit = str(record.get("machine", {}).get("commit") or "")
+    benchmark = "benchmarks/" + record.get("benchmark", BENCHMARK_OF.get(record.get("name", ""), f"{record.get('name')}.py"))
+    if not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+        problems.append(f"{where}: {figure.record} was made from {commit or 'an unrecorded tree'}, not a clean commit")
+    elif check_commits and not _has_file_at(commit, benchmark):
+        problems.append(f"{where}: {figure.record}'s commit {commit[:12]} has no {benchmark} (or is not in this repository)")
+    return problems
+
+
+def documents() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _full_history() -> bool:
+    done = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    return done.returncode == 0 and done.stdout.strip() == "false"
+
+
+def test_every_figure_that_names_its_record_shows_what_the_record_holds() -> None:
+    figures = [figure for document in documents() for figure in figures_in(document)]
+    assert len(figures) >= 10, "the docs' figure links were not found"
+    problems = [problem for figure in figures for problem in problems_of(figure, check_commits=_full_history())]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(("text", "path", "expected"), [
+    ("[1.9 ms]", "figures.program_bf16.first_token.median_s*1000", "holds 1.70"),
+    ("[1,049]", "figures.program_bf16.decode_tokens_per_s.missing", "has no number"),
+    ("[fast]", "figures.program_bf16.first_token.median_s", "shows no number"),
+])
+def test_a_planted_wrong_figure_is_named(tmp_path: Path, text: str, path: str, expected: str) -> None:
+    record = ROOT / "records/gpu/2026-12-06-h100-edbb4c9/llm/llm_cuda.json"
+    document = tmp_path / "planted.md"
+    document.write_text(f"A figure: {text}({record}#{path}).\n")
+    [figure] = figures_in(document)
+    assert any(expected in problem for problem in problems_of(figure)), problems_of(figure)
+
+
+def test_a_figure_whose_record_is_gone_is_named(tmp_path: Path) -> None:
+    (tmp_path / "planted.md").write_text("[0.5x](records/none.json#ratio)\n")
+    [figure] = figures_in(tmp_path / "planted.md")
+    assert problems_of(figure) == ["planted.md:1: [0.5x]: its record records/none.json does not exist"]
+
+
+def test_a_record_of_a_tree_without_the_benchmark_is_named(tmp_path: Path) -> None:
+    record = json.loads((ROOT / "records/gpu/2026-12-06-h100-3cd941a/gemm/inductor_gemm.json").read_text())
+    # inductor_gemm.py did not exist at the tree the GPU tests of that morning ran (ac50ed4).
+    record["machine"]["commit"] = "ac50ed4"
+    (tmp_path / "old.json").write_text(json.dumps(record))
+    figure = Figure(document="README.md", line=1, text="0.776", record=str(tmp_path / "old.json"),
+                    record_file=tmp_path / "old.json", path="ratio")
+    assert problems_of(figure) == [f"README.md:1: [0.776]: {tmp_path / 'old.json'}'s commit ac50ed4 has no "
+                                   f"benchmarks/inductor_gemm.py (or is not in this repository)"]
+    record["machine"]["commit"] += "-dirty"
+    (tmp_path / "old.json").write_text(json.dumps(record))
+    assert "not a clean commit" in problems_of(figure)[0]
