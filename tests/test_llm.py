@@ -109,31 +109,46 @@ def test_a_tokenizer_larger_than_the_vocabulary_and_an_unsupported_architecture_
 # --- export and validation by generation ----------------------------------------------------------------------
 
 ARCHITECTURES = ["qwen2", "qwen3", "gemma3_text"]
+#: Gemma 3's prompts add one of 23 tokens, more than two of its 8-position windows: its ring cache prefills in chunks.
+LONG_PROMPT = "the quick brown fox jumps over the lazy dog, prefect runs flows on workers and 1, 2,"
+
+
+def prompts_of(architecture: str) -> list[str]:
+    return [*LLM["prompts"], LONG_PROMPT] if architecture == "gemma3_text" else list(LLM["prompts"])
 
 
 @pytest.fixture(scope="module")
 def exported(models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[ExportedProgramDir, Any]]:
     """Each architecture exported and validated once: its export directory and its report."""
-    return {arch: export_and_validate(llm_spec(models / arch), tmp_path_factory.mktemp(arch)) for arch in ARCHITECTURES}
+    return {arch: export_and_validate(llm_spec(models / arch, prompts=prompts_of(arch)), tmp_path_factory.mktemp(arch))
+            for arch in ARCHITECTURES}
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_models_nobody_here_wrote_generate_what_eager_does_through_the_runner(
     exported: dict[str, tuple[ExportedProgramDir, Any]], models: Path, architecture: str,
 ) -> None:
-    """Gemma 3's sliding window (8 positions) is passed: prompt + 12 new tokens run past it. The others run ExecuTorch's
-    custom SDPA and KV-cache ops; Gemma 3 (its window shorter than the cache) its own attention, and the build says so.
-    Every program takes the prompt in one call."""
+    """Every program takes the prompt in one call with ExecuTorch's custom SDPA and KV-cache ops. Gemma 3's
+    sliding-window layers (8 positions, shorter than the cache) keep theirs in a ring, as ExecuTorch's
+    ``CustomRingKVCache`` does: its program takes 8 tokens a call, and its long prompt (23 tokens, 3 calls) and
+    every prompt + 12 new tokens run past the window, generating eager's tokens."""
     from prefect_executorch.program import read_program
+    from prefect_executorch.validate.generation import ForwardCalls
+    from prefect_executorch.validate.loaded_program import LoadedProgram
 
     export, report = exported[architecture]
     operators = {op for facts in read_program(export.path / "model.pte").values() for op in facts.operators}
-    custom = architecture != "gemma3_text"
-    assert ("llama::custom_sdpa.out" in operators and "llama::update_cache.out" in operators) == custom
-    assert any("sliding-window layers attend to the last 8 positions" in note for note in export.warnings) != custom
+    ring = architecture == "gemma3_text"
+    assert {"llama::custom_sdpa.out", "llama::update_cache.out"} <= operators
+    assert ("llama::update_cache_with_indices.out" in operators) == ring
+    assert not any("attention: the model's own" in note for note in export.warnings), export.warnings
+    calls = ForwardCalls(LoadedProgram(export.path / "model.pte"), export.path / TOKENIZER_FILE)
+    assert calls.sequence and calls.chunk == (8 if ring else 39)
+    if ring:
+        assert 16 < len(calls.tokenizer.encode(LONG_PROMPT, add_special_tokens=False).ids) <= 40 - 12
     generation = report.generation
     assert report.passed, report.describe_worst()
-    assert generation is not None and len(generation.cases) == 3
+    assert generation is not None and len(generation.cases) == len(prompts_of(architecture))
     assert all(len(case.actual) == len(case.expected) > 0 for case in generation.cases)
     assert generation.agreement() == 1.0
     cases = json.loads((export.path / GENERATION_CASES_FILE).read_text())

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import ExportFailed, SpecError
-from prefect_executorch.export.llm_attention import custom_ops_module, custom_ops_problem
+from prefect_executorch.export.llm_attention import custom_ops_module, custom_ops_problem, tokens_per_call
 from prefect_executorch.export.quantize import QuantizationFacts, build_facts, quantize_model
 from prefect_executorch.export.stages import run_lowering, summary
 from prefect_executorch.spec.buildspec import BuildSpec
@@ -31,16 +31,22 @@ if TYPE_CHECKING:
 EXAMPLE_TOKENS = 2
 
 
+def call_tokens(spec: BuildSpec, model: PreTrainedModel, custom_ops: bool) -> int:
+    """The most tokens a call of a sequence program takes: ``max_seq_len - 1``, or a ring cache's window."""
+    assert spec.llm is not None
+    return tokens_per_call(model, spec.llm.max_seq_len) if custom_ops else spec.llm.max_seq_len - 1
+
+
 def runner_metadata(spec: BuildSpec, model: PreTrainedModel, custom_ops: bool, sequence: bool) -> dict[str, Any]:
     """The constant methods ExecuTorch's LLM runner reads from a program (extension/llm/runner/constants.h).
 
-    A ``sequence`` program takes up to ``max_seq_len - 1`` tokens a call (the runner prefills a prompt in one call,
-    chunked at that), else one; either into a cache of ``max_seq_len`` positions.
+    A ``sequence`` program takes up to ``call_tokens`` a call (the runner prefills a prompt in one call, chunked at
+    that), else one; either into a cache of ``max_seq_len`` positions.
     """
     assert spec.llm is not None
     config = model.config.get_text_config()
     metadata: dict[str, Any] = {
-        "get_max_seq_len": spec.llm.max_seq_len - 1 if sequence else spec.llm.max_seq_len,
+        "get_max_seq_len": call_tokens(spec, model, custom_ops) if sequence else spec.llm.max_seq_len,
         "get_max_context_len": spec.llm.max_seq_len,
         "get_vocab_size": config.vocab_size,
         "use_kv_cache": True,
@@ -65,7 +71,7 @@ def attention_choice(spec: BuildSpec, target: Target, model: PreTrainedModel) ->
             raise SpecError(f"llm.attention: executorch: ExecuTorch's custom SDPA and KV-cache ops run on its CPU "
                             f"runtime, not in target {target.name}'s backend; use attention: auto or transformers")
         return False, None
-    problem = custom_ops_problem(model, spec.llm.max_seq_len)
+    problem = custom_ops_problem(model)
     if problem is None:
         return True, None
     if asked == "executorch":
@@ -73,13 +79,15 @@ def attention_choice(spec: BuildSpec, target: Target, model: PreTrainedModel) ->
     return False, f"attention: the model's own (transformers'), not ExecuTorch's custom ops: {problem}"
 
 
-def _export(model: Any, custom_ops: bool, length: int, sequence: bool) -> ExportedProgram:
-    """The decoder exported for ``1..length-1`` tokens a call (``sequence``, else one) from ``cache_position[0]``."""
+def _export(model: Any, custom_ops: bool, length: int, per_call: int | None) -> ExportedProgram:
+    """The decoder over a cache of ``length`` positions, exported for ``1..per_call`` tokens a call (None: one) from
+    ``cache_position[0]``."""
     import torch
     from torch.export import Dim
 
+    sequence = per_call is not None
     count = EXAMPLE_TOKENS if sequence else 1
-    tokens = Dim("seq_length", min=1, max=length - 1)
+    tokens = Dim("seq_length", min=1, max=per_call or 1)
     dynamic = {"input_ids": {1: tokens}, "cache_position": {0: tokens}} if sequence else None
     example = {"input_ids": torch.zeros((1, count), dtype=torch.long, device=model.device),
                "cache_position": torch.arange(count, dtype=torch.long, device=model.device)}
@@ -122,7 +130,7 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
                                                cache_config={"batch_size": 1, "max_cache_len": length})
     with torch.no_grad():
         try:
-            program = _export(model, custom_ops, length, sequence)
+            program = _export(model, custom_ops, length, call_tokens(spec, loaded, custom_ops) if sequence else None)
         except Exception as exc:  # transformers and torch.export raise many types
             raise ExportFailed(f"stage torch.export: the {model.config.model_type} model in {spec.model} does not "
                                f"export with a static KV cache of {length} positions: {summary(exc)}") from exc
