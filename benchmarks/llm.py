@@ -3,8 +3,10 @@
 A model made from a transformers config with random weights (no hub) and a byte-level BPE tokenizer trained here:
 ``--size smoke`` (2 layers of 64: CI), ``19m`` (8 layers of 512), ``135m`` (SmolLM2-135M's shape: 30 layers of 576,
 9 heads, 3 for keys and values, vocab 49152, tied embeddings) or ``500m`` (Qwen2.5-0.5B's shape: 24 layers of 896,
-14 heads, 2 for keys and values, vocab 151936, tied). Each program is built by the product (export child, timed,
-its peak resident memory recorded).
+14 heads, 2 for keys and values, vocab 151936, tied), or ``gemma3-19m`` (Gemma 3's pattern: 6 layers of 512, five
+with a sliding window of 32 positions to one global, so the program's sliding layers keep a ring cache and it
+prefills in chunks of 32). Each program is built by the product (export child, timed, its peak resident memory
+recorded).
 
 On ``--target xnnpack`` (this CPU) the sides are:
   - ``program_float32`` and ``program_int8da4w``: today's default, the prompt prefilled in one call with ExecuTorch's
@@ -55,6 +57,9 @@ SIZES: dict[str, tuple[str, dict[str, Any]]] = {
     "135m": ("llama", {"hidden_size": 576, "layers": 30, "intermediate_size": 1536, "num_attention_heads": 9,
                        "num_key_value_heads": 3, "head_dim": 64, "vocab_size": 49152, "tie_word_embeddings": True,
                        "rope_theta": 100000.0, "max_position_embeddings": 8192}),
+    # Gemma 3's pattern, 5 sliding-window layers to 1 global, the window a quarter of the prompt: a ring cache.
+    "gemma3-19m": ("gemma3_text", {"hidden_size": 512, "layers": 6, "sliding_window": 32,
+                                   "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}),
     "500m": ("qwen2", {"hidden_size": 896, "layers": 24, "intermediate_size": 4864, "num_attention_heads": 14,
                        "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 151936, "tie_word_embeddings": True,
                        "max_position_embeddings": 32768}),
