@@ -7,12 +7,15 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -206,6 +209,56 @@ def test_unreachable_server_is_retried_then_clear(s3_env: SeaweedS3, monkeypatch
     with pytest.raises(StoreError, match=f"cannot reach the S3 endpoint {endpoint}.*max_attempts=3"):
         store.get_bytes("convnet/aliases/prod.json")
     assert len(sent) == 3 and time.monotonic() - started < 15
+
+
+@contextmanager
+def silent_server() -> Iterator[str]:
+    """An endpoint that accepts every connection and never answers: a store mid-outage (a hung proxy or server)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # closed: the test is over
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    finally:
+        server.close()
+        for connection in held:
+            connection.close()
+
+
+def test_a_store_that_never_answers_fails_a_publish_and_a_pull_within_the_outage_budget(
+        built: Built, s3_env: SeaweedS3, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The budget docs/store.md states, computed from the settings, bounds what an outage costs: every request, every
+    retry of botocore's and ours, and the time, before one line says what failed."""
+    for field, value in {"MAX_ATTEMPTS": "2", "CONNECT_TIMEOUT_S": "1", "READ_TIMEOUT_S": "1",
+                         "RETRY_BACKOFF_S": "0.1"}.items():
+        monkeypatch.setenv(f"PREFECT_EXECUTORCH_S3_{field}", value)
+    budget = S3Settings().outage_budget()
+    assert (budget.requests, budget.longest_wait_s) == (8 * 2 * 2 + 2, 2 * (2 * 2 + 1) + 0.1 + 5)
+    defaults = S3Settings.model_construct().outage_budget()  # the fields' defaults, no environment
+    assert f"{defaults.requests} requests and {defaults.longest_wait_s:,} s" in (Path(__file__).parents[1] / "docs" / "store.md").read_text()
+    with silent_server() as endpoint:
+        store = S3Store.from_url("s3://some-bucket/reg", endpoint_url=endpoint)
+        sent = count_requests(store)
+        started = time.monotonic()
+        with pytest.raises(StoreError) as info:
+            publish(store, *synthetic(tmp_path, built, "30"))
+        elapsed = time.monotonic() - started
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+        pulled = runner.invoke(app, ["pull", "convnet", "--version", "1", "--compat", "cpu-xnnpack-x86_64",
+                                     "--to", str(tmp_path / "p"), "--store", "s3://some-bucket/reg"])
+    assert f"lost the connection to the S3 endpoint {endpoint} (ReadTimeoutError" in str(info.value)
+    assert "\n" not in str(info.value)
+    assert 2 <= len(sent) <= budget.requests and elapsed <= budget.longest_wait_s, (len(sent), elapsed)
+    assert pulled.exit_code == 1 and pulled.output.strip().count("\n") == 0, pulled.output
+    assert f"the S3 endpoint {endpoint}" in pulled.output and not (tmp_path / "p").exists()
 
 
 # --- integrity -------------------------------------------------------------------------------------

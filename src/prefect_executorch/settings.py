@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from prefect.settings.base import PrefectBaseSettings, PrefectSettingsConfigDict, build_settings_config
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import SettingsError
 
 from prefect_executorch.errors import InvalidSetting, SpecError
@@ -39,6 +39,13 @@ def _config(section: str | None = None, *, env_prefix: str | None = None) -> Pre
     if env_prefix is not None:
         config["env_prefix"] = env_prefix
     return config
+
+
+class OutageBudget(BaseModel):
+    """What a publish or pull can spend on a store that stopped answering, from the S3 settings."""
+
+    requests: int = Field(description="HTTP requests at most, every retry counted.")
+    longest_wait_s: float = Field(description="Seconds at most before it fails with one line.")
 
 
 class S3Settings(PrefectBaseSettings):
@@ -66,6 +73,24 @@ class S3Settings(PrefectBaseSettings):
     read_timeout_s: float = Field(default=120.0, gt=0, description="Seconds to wait for a response.")
     progress: bool | None = Field(
         default=None, description="Rich progress bar on stderr for multipart uploads; unset: if stderr is a terminal.")
+
+    def outage_budget(self) -> OutageBudget:
+        """The most requests, and the longest wait, that a publish or pull spends before it gives up on a store that
+        stopped answering (docs/store.md, "Retries").
+
+        One request: botocore's ``max_attempts`` attempts, each up to ``connect_timeout_s + read_timeout_s``, with its
+        standard mode's backoff between them (at most ``min(2 ** (n - 1), 20)`` s before attempt ``n + 1``). A part or
+        a download: up to ``max_attempts`` rounds of ours around that, ``retry_backoff_s * 2 ** (k - 1)`` apart. A
+        publish stops at its first failed request; ``max_concurrency`` parts are in flight at once, and a failed
+        multipart upload is aborted (one more request). Task retries add nothing: a store that stayed unreachable
+        fails with a typed error, which the tasks do not retry.
+        """
+        attempts = self.max_attempts
+        request_s = attempts * (self.connect_timeout_s + self.read_timeout_s) + sum(
+            min(2.0 ** (n - 1), 20.0) for n in range(1, attempts))
+        rounds_backoff_s = sum(self.retry_backoff_s * 2.0 ** (k - 1) for k in range(1, attempts))
+        return OutageBudget(requests=self.max_concurrency * attempts * attempts + attempts,
+                            longest_wait_s=attempts * request_s + rounds_backoff_s + request_s)
 
     def transfer_config(self) -> Any:
         """The same tuning as a boto3 ``TransferConfig`` (for comparing against ``upload_file``)."""

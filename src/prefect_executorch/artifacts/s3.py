@@ -476,16 +476,16 @@ class S3Store(ObjectStore):
         futures: list[Future[CompletedPartTypeDef]] = []
 
         def done(future: Future[CompletedPartTypeDef]) -> None:
-            slots.release()
             if future.exception() is not None:
-                failed.set()
+                failed.set()  # before the slot is free: no part starts after a failed one (the outage budget)
+            slots.release()
 
         with open(path, "rb") as handle, ThreadPoolExecutor(self.settings.max_concurrency,
                                                             thread_name_prefix="s3-part") as pool:
             number = 0
-            while not failed.is_set():
+            while True:
                 slots.acquire()  # bounds memory: no more than max_concurrency parts read ahead
-                chunk = handle.read(part_size)
+                chunk = b"" if failed.is_set() else handle.read(part_size)
                 if not chunk:
                     slots.release()
                     break
