@@ -156,6 +156,18 @@ def test_models_nobody_here_wrote_generate_what_eager_does_through_the_runner(
     assert (export.path / TOKENIZER_FILE).read_bytes() == (models / architecture / TOKENIZER_FILE).read_bytes()
 
 
+def test_a_token_by_token_program_takes_a_token_a_call_and_generates_eagers_tokens(models: Path, tmp_path: Path) -> None:
+    """``llm.prefill: token_by_token`` (what ``cuda_graphs`` builds, and the benchmark's one-token program): static
+    shapes, one token a call, the prompt fed a token at a time by the runner; still eager's tokens."""
+    from prefect_executorch.validate.generation import ForwardCalls
+    from prefect_executorch.validate.loaded_program import LoadedProgram
+
+    export, report = export_and_validate(llm_spec(models / "llama", prefill="token_by_token"), tmp_path)
+    calls = ForwardCalls(LoadedProgram(export.path / "model.pte"), export.path / TOKENIZER_FILE)
+    assert not calls.sequence and calls.chunk == 1
+    assert report.passed and report.generation is not None and report.generation.agreement() == 1.0
+
+
 def test_side_by_side_of_two_llm_bundles_compares_their_tokens_and_times_a_generation(
     exported: dict[str, tuple[ExportedProgramDir, Any]], tmp_path: Path,
 ) -> None:

@@ -85,10 +85,11 @@ def _export(model: Any, custom_ops: bool, length: int, per_call: int | None) -> 
     import torch
     from torch.export import Dim
 
-    sequence = per_call is not None
-    count = EXAMPLE_TOKENS if sequence else 1
-    tokens = Dim("seq_length", min=1, max=per_call or 1)
-    dynamic = {"input_ids": {1: tokens}, "cache_position": {0: tokens}} if sequence else None
+    count = EXAMPLE_TOKENS if per_call is not None else 1
+    dynamic = None
+    if per_call is not None:
+        tokens = Dim("seq_length", min=1, max=per_call)
+        dynamic = {"input_ids": {1: tokens}, "cache_position": {0: tokens}}
     example = {"input_ids": torch.zeros((1, count), dtype=torch.long, device=model.device),
                "cache_position": torch.arange(count, dtype=torch.long, device=model.device)}
     if not custom_ops:
