@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s#]+\.json)#([^)\s]+)\)")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 #: Result names whose benchmark file is not ``benchmarks/<name>.py`` (records written before they named it).
-BENCHMARK_OF = {"llm_cuda": "llm.py"}
+BENCHMARK_OF = {"llm_cuda": "llm.py", "cli_cache_hit": "cli.py", "cli_overhead": "cli.py", "publish": "publish_1gib.py",
+                "pull": "pull_verify.py"}
 
 
 class Figure(BaseModel):
@@ -79,13 +80,18 @@ def problems_of(figure: Figure, check_commits: bool = True) -> list[str]:
     problems = []
     if abs(float(shown[0].replace(",", "")) - value) > 0.5 * 10 ** -digits + 1e-9:
         problems.append(f"{where}: {figure.record} holds {value:.{digits + 2}f} at {figure.path}")
+    return problems + [f"{where}: {problem}" for problem in tree_problems(figure.record, record, check_commits)]
+
+
+def tree_problems(name: str, record: dict[str, Any], check_commits: bool = True) -> list[str]:
+    """What is wrong with the tree ``record`` says made it: not a clean commit, or one without its benchmark."""
     commit = str(record.get("machine", {}).get("commit") or "")
     benchmark = "benchmarks/" + record.get("benchmark", BENCHMARK_OF.get(record.get("name", ""), f"{record.get('name')}.py"))
     if not re.fullmatch(r"[0-9a-f]{7,40}", commit):
-        problems.append(f"{where}: {figure.record} was made from {commit or 'an unrecorded tree'}, not a clean commit")
-    elif check_commits and not _has_file_at(commit, benchmark):
-        problems.append(f"{where}: {figure.record}'s commit {commit[:12]} has no {benchmark} (or is not in this repository)")
-    return problems
+        return [f"{name} was made from {commit or 'an unrecorded tree'}, not a clean commit"]
+    if check_commits and not _has_file_at(commit, benchmark):
+        return [f"{name}'s commit {commit[:12]} has no {benchmark} (or is not in this repository)"]
+    return []
 
 
 def documents() -> list[Path]:
@@ -101,6 +107,16 @@ def test_every_figure_that_names_its_record_shows_what_the_record_holds() -> Non
     figures = [figure for document in documents() for figure in figures_in(document)]
     assert len(figures) >= 10, "the docs' figure links were not found"
     problems = [problem for figure in figures for problem in problems_of(figure, check_commits=_full_history())]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_published_benchmark_record_names_a_commit_that_holds_its_benchmark() -> None:
+    """What README's tables and the docs' figures come from: each result file of ``benchmarks/published/``."""
+    records = sorted((ROOT / "benchmarks" / "published").glob("*/*.json"))
+    assert len(records) >= 30
+    problems = [problem for path in records
+                for problem in tree_problems(path.relative_to(ROOT).as_posix(), json.loads(path.read_text()),
+                                             check_commits=_full_history())]
     assert not problems, "\n".join(problems)
 
 
