@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import ExportFailed, SpecError
-from prefect_executorch.export.llm_attention import custom_ops_module, custom_ops_problem, tokens_per_call
+from prefect_executorch.export.llm_attention import custom_ops_module, custom_ops_problem, ring_window
 from prefect_executorch.export.quantize import QuantizationFacts, build_facts, quantize_model
 from prefect_executorch.export.stages import run_lowering, summary
 from prefect_executorch.spec.buildspec import BuildSpec
@@ -32,25 +32,27 @@ EXAMPLE_TOKENS = 2
 
 
 def call_tokens(spec: BuildSpec, model: PreTrainedModel, custom_ops: bool) -> int:
-    """The most tokens a call of a sequence program takes: ``max_seq_len - 1``, or a ring cache's window."""
+    """The most tokens a call of a sequence program takes: ``max_seq_len - 1``, or a ring cache's window (a longer
+    call would overwrite positions its first tokens attend to)."""
     assert spec.llm is not None
-    return tokens_per_call(model, spec.llm.max_seq_len) if custom_ops else spec.llm.max_seq_len - 1
+    window = ring_window(model, spec.llm.max_seq_len) if custom_ops else None
+    return min(spec.llm.max_seq_len - 1, window) if window is not None else spec.llm.max_seq_len - 1
 
 
-def runner_metadata(spec: BuildSpec, model: PreTrainedModel, custom_ops: bool, sequence: bool) -> dict[str, Any]:
+def runner_metadata(spec: BuildSpec, model: PreTrainedModel, custom_ops: bool, per_call: int | None) -> dict[str, Any]:
     """The constant methods ExecuTorch's LLM runner reads from a program (extension/llm/runner/constants.h).
 
-    A ``sequence`` program takes up to ``call_tokens`` a call (the runner prefills a prompt in one call, chunked at
-    that), else one; either into a cache of ``max_seq_len`` positions.
+    A sequence program takes up to ``per_call`` tokens a call (the runner prefills a prompt in one call, chunked at
+    that); None: one token a call; either into a cache of ``max_seq_len`` positions.
     """
     assert spec.llm is not None
     config = model.config.get_text_config()
     metadata: dict[str, Any] = {
-        "get_max_seq_len": call_tokens(spec, model, custom_ops) if sequence else spec.llm.max_seq_len,
+        "get_max_seq_len": per_call or spec.llm.max_seq_len,
         "get_max_context_len": spec.llm.max_seq_len,
         "get_vocab_size": config.vocab_size,
         "use_kv_cache": True,
-        "enable_dynamic_shape": sequence,
+        "enable_dynamic_shape": per_call is not None,
         "use_sdpa_with_kv_cache": custom_ops,
     }
     if config.bos_token_id is not None:
@@ -119,8 +121,8 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
     check_vocabulary(loaded, tokenizer)
     check_prompt_lengths(spec, tokenizer)
     custom_ops, note = attention_choice(spec, target, loaded)
-    sequence = not target.llm_token_per_call(spec)
-    metadata = runner_metadata(spec, loaded, custom_ops, sequence)
+    per_call = None if target.llm_token_per_call(spec) else call_tokens(spec, loaded, custom_ops)
+    metadata = runner_metadata(spec, loaded, custom_ops, per_call)
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
     # torchao's int8da4w linears, as ExecuTorch's LLM recipes quantize them; a float build: the model itself,
     # on the target's device in its compute type.
@@ -131,7 +133,7 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
                                                cache_config={"batch_size": 1, "max_cache_len": length})
     with torch.no_grad():
         try:
-            program = _export(model, custom_ops, length, call_tokens(spec, loaded, custom_ops) if sequence else None)
+            program = _export(model, custom_ops, length, per_call)
         except Exception as exc:  # transformers and torch.export raise many types
             raise ExportFailed(f"stage torch.export: the {model.config.model_type} model in {spec.model} does not "
                                f"export with a static KV cache of {length} positions: {summary(exc)}") from exc

@@ -41,16 +41,10 @@ def ring_window(model: PreTrainedModel, max_seq_len: int) -> int | None:
     return None
 
 
-def tokens_per_call(model: PreTrainedModel, max_seq_len: int) -> int:
-    """The most tokens one call of the custom-ops program takes: the cache's length less one, or a ring's window."""
-    window = ring_window(model, max_seq_len)
-    return min(max_seq_len - 1, window) if window is not None else max_seq_len - 1
-
-
 def custom_ops_module(model: PreTrainedModel, max_seq_len: int) -> torch.nn.Module:
     """``model`` as a module of ``(input_ids [1, n], cache_position [n]) -> logits [1, n, vocab]`` over a KV cache of
-    ``max_seq_len`` positions that ExecuTorch's ops write and read, a ring for sliding-window layers (``n`` at most
-    ``tokens_per_call``; the caller checked ``custom_ops_problem``)."""
+    ``max_seq_len`` positions that ExecuTorch's ops write and read, a ring for sliding-window layers (``n`` then at
+    most the window: ``ring_window``; the caller checked ``custom_ops_problem``)."""
     import torch
     from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401 - registers torch.ops.llama
     from transformers.cache_utils import StaticCache, StaticLayer
@@ -114,13 +108,11 @@ def custom_ops_module(model: PreTrainedModel, max_seq_len: int) -> torch.nn.Modu
     def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: Any, scaling: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
         # custom_sdpa(q, k_cache, v_cache, start_pos, attn_mask, dropout_p, is_causal, scale); grouped KV heads in the op.
+        # A ring layer's window is its mask over the slots (start_pos unused with a mask); else causal from start.
         layer = decoder.cache.layers[module.layer_idx]  # type: ignore[index]
-        if isinstance(layer, RingLayer):  # the window's mask over the ring's slots (start_pos unused with a mask)
-            output = torch.ops.llama.custom_sdpa(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                                 0, layer.mask, 0.0, False, scaling)
-        else:
-            output = torch.ops.llama.custom_sdpa(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                                 decoder.start, None, 0.0, True, scaling)
+        mask = layer.mask if isinstance(layer, RingLayer) else None
+        output = torch.ops.llama.custom_sdpa(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                             decoder.start if mask is None else 0, mask, 0.0, mask is None, scaling)
         return output, None
 
     class Decoder(torch.nn.Module):
