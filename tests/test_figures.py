@@ -7,6 +7,11 @@ dotted path; ``*N`` scales it, e.g. seconds shown as milliseconds):
 
 The link's text must show the value as recorded (to the digits it shows), the record must exist, and the tree that
 made it (``machine.commit``) must be a clean commit of this repository that holds the benchmark that wrote it.
+
+A figure a run's log holds (a committed ``.log`` or ``.txt`` record, such as a ``.ci/run`` log) links to its line, and
+every number the link shows must be on that line as written:
+
+    [774 passed](records/ci/ci-run-2026-12-06T0841Z-819768e.log#L512)
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s#]+\.json)#([^)\s]+)\)")
+LOG_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s#]+\.(?:log|txt))#L(\d+)\)")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 #: Result names whose benchmark file is not ``benchmarks/<name>.py`` (records written before they named it).
 BENCHMARK_OF = {"llm_cuda": "llm.py", "cli_cache_hit": "cli.py", "cli_overhead": "cli.py", "publish": "publish_1gib.py",
@@ -40,13 +46,15 @@ class Figure(BaseModel):
 
 
 def figures_in(document: Path) -> list[Figure]:
-    """The figure links of ``document``, each record resolved from the document's folder as a link is."""
+    """The figure links of ``document``, each record resolved from the document's folder as a link is (a log
+    record's path is ``L<line>``)."""
     found = []
     name = document.relative_to(ROOT).as_posix() if document.is_relative_to(ROOT) else document.name
     for number, line in enumerate(document.read_text().splitlines(), start=1):
-        for match in LINK.finditer(line):
+        for match in [*LINK.finditer(line), *LOG_LINK.finditer(line)]:
+            path = match[3] if match.re is LINK else f"L{match[3]}"
             found.append(Figure(document=name, line=number, text=match[1], record=match[2],
-                                record_file=document.parent / match[2], path=match[3]))
+                                record_file=document.parent / match[2], path=path))
     return found
 
 
@@ -68,6 +76,8 @@ def problems_of(figure: Figure, check_commits: bool = True) -> list[str]:
     where = f"{figure.document}:{figure.line}: [{figure.text}]"
     if not figure.record_file.is_file():
         return [f"{where}: its record {figure.record} does not exist"]
+    if figure.record_file.suffix in (".log", ".txt"):
+        return _log_problems(figure, where)
     record = json.loads(figure.record_file.read_text())
     try:
         value = _value(record, figure.path)
@@ -81,6 +91,18 @@ def problems_of(figure: Figure, check_commits: bool = True) -> list[str]:
     if abs(float(shown[0].replace(",", "")) - value) > 0.5 * 10 ** -digits + 1e-9:
         problems.append(f"{where}: {figure.record} holds {value:.{digits + 2}f} at {figure.path}")
     return problems + [f"{where}: {problem}" for problem in tree_problems(figure.record, record, check_commits)]
+
+
+def _log_problems(figure: Figure, where: str) -> list[str]:
+    lines = figure.record_file.read_text(errors="replace").splitlines()
+    number = int(figure.path[1:])
+    if not 1 <= number <= len(lines):
+        return [f"{where}: {figure.record} has no line {number}"]
+    shown = NUMBER.findall(figure.text)
+    if not shown:
+        return [f"{where}: the link shows no number"]
+    on_line = NUMBER.findall(lines[number - 1])
+    return [f"{where}: line {number} of {figure.record} does not hold {value}" for value in shown if value not in on_line]
 
 
 def tree_problems(name: str, record: dict[str, Any], check_commits: bool = True) -> list[str]:
@@ -131,6 +153,21 @@ def test_a_planted_wrong_figure_is_named(tmp_path: Path, text: str, path: str, e
     document.write_text(f"A figure: {text}({record}#{path}).\n")
     [figure] = figures_in(document)
     assert any(expected in problem for problem in problems_of(figure)), problems_of(figure)
+
+
+@pytest.mark.parametrize(("text", "line", "expected"), [
+    ("[774 passed, 42 skipped in 13 min 37 s]", "L{line}", None),
+    ("[775 passed]", "L{line}", "does not hold 775"),
+    ("[774 passed]", "L99999", "has no line 99999"),
+])
+def test_a_figure_from_a_log_is_checked_against_its_line(tmp_path: Path, text: str, line: str,
+                                                          expected: str | None) -> None:
+    log = ROOT / "records/ci/ci-run-2026-12-06T0841Z-819768e.log"
+    summary = next(n for n, row in enumerate(log.read_text().splitlines(), start=1) if "774 passed, 42 skipped" in row)
+    (tmp_path / "planted.md").write_text(f"The suite: {text}({log}#{line.format(line=summary)}).\n")
+    [figure] = figures_in(tmp_path / "planted.md")
+    problems = problems_of(figure)
+    assert (problems == []) if expected is None else any(expected in problem for problem in problems), problems
 
 
 def test_a_figure_whose_record_is_gone_is_named(tmp_path: Path) -> None:

@@ -717,6 +717,29 @@ def test_a_flow_run_whose_process_dies_is_marked_crashed(fleet: Fleet) -> None:
     run = _wait_final(fleet, lost.flow_run_id, 300)
     assert run.state.is_crashed(), f"{run.state.name}: {run.state.message}"
     assert "No heartbeat for 90 s" in (run.state.message or "")
-    # The last heartbeat came at most 30 s before the kill; the trigger fires 90 s after it.
-    noticed = (run.state.timestamp - lost.killed_at).total_seconds()
-    assert 55 <= noticed <= 240, f"noticed {noticed:.0f} s after the kill"
+    # As docs/fleet.md says: Crashed 90 s after the run's last sign of life (a heartbeat, or entering Running),
+    # plus the server's lag (proactive triggers every 5 s, then the action; up to LOST_NODE_LAG_S on a busy CI host).
+    last_sign = _last_sign_of_life(fleet, lost.flow_run_id)
+    silence = (run.state.timestamp - last_sign).total_seconds()
+    since_kill = (run.state.timestamp - lost.killed_at).total_seconds()
+    told = f"Crashed {silence:.0f} s after its last heartbeat, {since_kill:.0f} s after the kill"
+    assert 90 <= silence <= 90 + LOST_NODE_LAG_S, told
+    assert 60 <= since_kill <= 90 + LOST_NODE_LAG_S, told  # heartbeats every 30 s: the last came 0-30 s before
+
+
+#: What docs/fleet.md allows the server beyond the automation's 90 s: its 5 s evaluation and the action's own time.
+LOST_NODE_LAG_S = 30
+
+
+def _last_sign_of_life(fleet: Fleet, flow_run_id: Any) -> datetime.datetime:
+    """When the run last sent a heartbeat, or entered Running where no heartbeat came (as the automation reads it)."""
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
+
+    with _client(fleet) as client:
+        since = client.read_flow_run(flow_run_id).start_time
+        page = client.read_events(EventFilter(
+            occurred=EventOccurredFilter(since=since - datetime.timedelta(minutes=1)),
+            event=EventNameFilter(name=["prefect.flow-run.heartbeat", "prefect.flow-run.Running"]),
+            resource=EventResourceFilter(id=[f"prefect.flow-run.{flow_run_id}"])), limit=50)
+    assert page.events, f"no heartbeat or Running event of {flow_run_id}"
+    return max(event.occurred for event in page.events)
