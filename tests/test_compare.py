@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._pytree import tree_flatten, treespec_dumps
 
-from prefect_executorch.spec.buildspec import ValidationSpec
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.validate.compare import compare_outputs, limits_for
 
 

@@ -103,7 +103,7 @@ def test_latency_of_cuda_calls_is_synchronised(gpu: Toolchain) -> None:
 
     import torch
 
-    from prefect_executorch.spec.buildspec import ValidationSpec
+    from prefect_executorch.spec.validation import ValidationSpec
     from prefect_executorch.validate.validator import measure_latency
 
     a = torch.randn(8192, 8192, device="cuda")

@@ -22,8 +22,9 @@ from prefect_executorch.fleet.placement import MatrixCell
 from prefect_executorch.isolation import FORKSERVER_ENV, PRELOAD
 from prefect_executorch.machine.compat import fit, parse_compat
 from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, probe
-from prefect_executorch.spec.buildspec import BuildSpec, InputSpec, MethodSpec, parse_spec
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.spec.inputs import dynamic_shapes, example_inputs
+from prefect_executorch.spec.methods import InputSpec, MethodSpec
 from prefect_executorch.spec.options import CudaOptions
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.cuda import attention_dtypes, compile_specs, for_precision, in_precision, triton_choice

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prefect_executorch.spec.buildspec import ValidationSpec
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.validate.report import LatencyResult
 from prefect_executorch.validate.validator import check_gates

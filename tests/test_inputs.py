@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.spec.buildspec import InputSpec, parse_spec
+from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.spec.inputs import check_sample, load_samples_file, random_tensor
+from prefect_executorch.spec.methods import InputSpec
 
 from helpers import spec_data
 

@@ -173,7 +173,7 @@ def test_side_by_side_of_two_llm_bundles_compares_their_tokens_and_times_a_gener
 ) -> None:
     """What a promotion runs: the candidate's prompts through both bundles' runners, one generation timed on each."""
     from prefect_executorch.isolation import run_isolated
-    from prefect_executorch.spec.buildspec import ValidationSpec
+    from prefect_executorch.spec.validation import ValidationSpec
     from prefect_executorch.validate.sidebyside import ProgramFiles, SideBySide, SideBySideRequest
 
     def side_by_side(current: str, candidate: str) -> Any:

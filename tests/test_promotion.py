@@ -21,7 +21,8 @@ from prefect_executorch.cli.main import app
 from prefect_executorch.errors import PromotionRefused
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.flows.promote import promote as promote_flow
-from prefect_executorch.spec.buildspec import ValidationSpec, parse_spec
+from prefect_executorch.spec.buildspec import parse_spec
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.validate.report import ValidationReport
 
 from helpers import spec_data

@@ -22,8 +22,9 @@ from prefect_executorch.export.exporter import export_program
 from prefect_executorch.export.fingerprint import build_fingerprint
 from prefect_executorch.machine.compat import cpu_compat, fit, parse_compat
 from prefect_executorch.machine.toolchain import Toolchain
-from prefect_executorch.spec.buildspec import BuildSpec, ValidationSpec, parse_spec
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.spec.schemes import SCHEMES
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.targets import get_target
 from prefect_executorch.validate.compare import compare_outputs, limits_for
 from prefect_executorch.validate.report import ValidationReport

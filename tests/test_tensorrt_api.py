@@ -627,7 +627,7 @@ def test_probe_runs_on_a_bare_host_and_reads_an_installed_wheel(
 def test_fp16_engine_outputs_are_held_to_fp16_tolerances() -> None:
     import torch
 
-    from prefect_executorch.spec.buildspec import ValidationSpec
+    from prefect_executorch.spec.validation import ValidationSpec
     from prefect_executorch.validate.compare import compare_outputs
 
     eager = torch.linspace(-2, 2, 1000)

@@ -18,8 +18,9 @@ from prefect_executorch.export.fingerprint import build_fingerprint
 from prefect_executorch.machine.apisource import Sources, WheelRoot
 from prefect_executorch.machine.compat import fit, parse_compat
 from prefect_executorch.machine.toolchain import GpuInfo, Toolchain
-from prefect_executorch.spec.buildspec import BuildSpec, ValidationSpec, parse_spec
+from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.spec.schemes import CPU_SCHEMES, DEFAULT_GATES, TENSORRT_SCHEMES
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.calls import Call, check_calls
 from prefect_executorch.targets.tensorrt import build_steps

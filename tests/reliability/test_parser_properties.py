@@ -36,7 +36,8 @@ from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.cli.main import app
 from prefect_executorch.errors import IntegrityError, PrefectExecutorchError, SpecError
 from prefect_executorch.machine.compat import parse_compat
-from prefect_executorch.spec.buildspec import BuildSpec, InputSpec, load_spec, parse_spec
+from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
+from prefect_executorch.spec.methods import InputSpec
 from prefect_executorch.validate.report import ValidationSummary
 
 Record = Callable[[str, int, int, int], None]

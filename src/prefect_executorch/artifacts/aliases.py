@@ -28,7 +28,7 @@ from prefect_executorch.errors import (
     ValidationFailed,
 )
 from prefect_executorch.hashing import sha256_bytes
-from prefect_executorch.spec.buildspec import check_name
+from prefect_executorch.spec.fields import check_name
 from prefect_executorch.validate.sidebyside import SideBySide
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.errors import BundleConflict, BundleNotFound, SpecError, ToolchainMismatch
 from prefect_executorch.machine.compat import fit, parse_compat
 from prefect_executorch.machine.toolchain import Toolchain
-from prefect_executorch.spec.buildspec import check_name
+from prefect_executorch.spec.fields import check_name
 
 AUTO = "auto"
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from prefect_executorch.artifacts.manifest import ALIASES_DIR, CLAIM_FILE, MANIFEST_FILE
 from prefect_executorch.artifacts.store import IncompleteUpload, ObjectInfo, ObjectStore
 from prefect_executorch.defaults import GC_GRACE_HOURS
-from prefect_executorch.spec.buildspec import check_name
+from prefect_executorch.spec.fields import check_name
 
 DEFAULT_GRACE = timedelta(hours=GC_GRACE_HOURS)
 

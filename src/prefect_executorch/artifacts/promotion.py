@@ -21,7 +21,9 @@ from prefect_executorch.artifacts.store import ObjectStore
 from prefect_executorch.defaults import MAX_LATENCY_REGRESSION
 from prefect_executorch.errors import BundleConflict, PromotionRefused
 from prefect_executorch.isolation import run_isolated
-from prefect_executorch.spec.buildspec import MethodSpec, ValidationSpec, check_name
+from prefect_executorch.spec.fields import check_name
+from prefect_executorch.spec.methods import MethodSpec
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.targets import get_target
 from prefect_executorch.validate.sidebyside import ProgramFiles, SideBySide, SideBySideRequest, merge_apart
 

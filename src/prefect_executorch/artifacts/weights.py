@@ -10,7 +10,8 @@ from pydantic import BaseModel
 
 from prefect_executorch.artifacts.urls import open_store
 from prefect_executorch.errors import IntegrityError, SpecError
-from prefect_executorch.spec.buildspec import BuildSpec, check_name
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.fields import check_name
 
 
 class FetchedWeights(BaseModel):

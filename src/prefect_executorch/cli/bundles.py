@@ -159,7 +159,8 @@ def promote(
 ) -> None:
     """Point an alias at a validated bundle that agrees with and is no slower than the alias's (compare-and-swap)."""
     from prefect_executorch.artifacts.promotion import PromotionRequest, promote_checked
-    from prefect_executorch.spec.buildspec import ValidationSpec, load_spec
+    from prefect_executorch.spec.buildspec import load_spec
+    from prefect_executorch.spec.validation import ValidationSpec
 
     request = PromotionRequest(
         name=name, version=version, alias=alias, target=target, compat=compat, force=force,

@@ -24,7 +24,8 @@ from prefect_executorch.spec.schemes import CALIBRATED_SCHEMES, TENSORRT_SCHEMES
 if TYPE_CHECKING:
     import torch
 
-    from prefect_executorch.spec.buildspec import BuildSpec, QuantizationSpec
+    from prefect_executorch.spec.buildspec import BuildSpec
+    from prefect_executorch.spec.quantization import QuantizationSpec
 
 class QuantizationFacts(BaseModel):
     """What a quantized build was made with; the manifest and the validation report record it."""

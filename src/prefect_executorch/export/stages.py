@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from prefect_executorch.errors import ExportFailed
-from prefect_executorch.spec.buildspec import FLOAT_DTYPES, BuildSpec, MethodSpec
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.fields import FLOAT_DTYPES
+from prefect_executorch.spec.methods import MethodSpec
 
 if TYPE_CHECKING:
     from prefect_executorch.program import MethodFacts

@@ -16,7 +16,9 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from prefect_executorch.machine.compat import parse_sm, sm_number
 from prefect_executorch.machine.toolchain import GpuInfo, Toolchain
-from prefect_executorch.spec.buildspec import BuildSpec, StrictModel, TargetSpec
+from prefect_executorch.spec.base import StrictModel
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.options import TargetSpec
 from prefect_executorch.targets import needs_cuda
 from prefect_executorch.targets.tensorrt import install_command as tensorrt_install
 

@@ -14,7 +14,9 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from prefect_executorch.artifacts.manifest import BundleKey, user_at_host
 from prefect_executorch.errors import SpecError
-from prefect_executorch.spec.buildspec import NAME_RULE, BuildSpec, is_safe_name
+from prefect_executorch.spec.base import is_safe_name
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.fields import NAME_RULE
 
 EVENT = "model.retrain.requested"
 RESOURCE_PREFIX = "executorch.model."

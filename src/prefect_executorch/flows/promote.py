@@ -8,7 +8,7 @@ from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import PromotionRequest
 from prefect_executorch.defaults import MAX_LATENCY_REGRESSION
 from prefect_executorch.fleet.server import api_checked_flow
-from prefect_executorch.spec.buildspec import ValidationSpec
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.tasks.promote import promote_alias
 
 

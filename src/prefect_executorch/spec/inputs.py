@@ -6,7 +6,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import SpecError
-from prefect_executorch.spec.buildspec import FLOAT_DTYPES, BuildSpec, InputSpec, MethodSpec, MethodValidation
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.fields import FLOAT_DTYPES
+from prefect_executorch.spec.methods import InputSpec, MethodSpec
+from prefect_executorch.spec.validation import MethodValidation
 
 if TYPE_CHECKING:
     import torch

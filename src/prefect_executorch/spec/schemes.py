@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, NamedTuple
 from prefect_executorch.errors import SpecError
 
 if TYPE_CHECKING:
-    from prefect_executorch.spec.buildspec import BuildSpec, QuantizationSpec
+    from prefect_executorch.spec.buildspec import BuildSpec
+    from prefect_executorch.spec.quantization import QuantizationSpec
 
 #: The CPU (torchao / PT2E) schemes and the TensorRT (ModelOpt) ones.
 CPU_SCHEMES = ("int8-dynamic", "int8da4w", "int8-weight-only", "int8-static")

@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from prefect_executorch.machine.toolchain import Toolchain
-    from prefect_executorch.spec.buildspec import BuildSpec, InputSpec, MethodSpec
+    from prefect_executorch.spec.buildspec import BuildSpec
+    from prefect_executorch.spec.methods import InputSpec, MethodSpec
 
 #: torch-tensorrt 2.13 silently ignores backend_config and unknown save() keywords and drops the .ptd.
 MIN_TORCH_TENSORRT = (2, 14)

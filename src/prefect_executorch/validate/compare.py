@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from prefect_executorch.spec.buildspec import DEFAULT_MIN_COSINE, DEFAULT_TOLERANCES, ValidationSpec
 from prefect_executorch.spec.schemes import DEFAULT_GATES
+from prefect_executorch.spec.validation import DEFAULT_MIN_COSINE, DEFAULT_TOLERANCES, ValidationSpec
 from prefect_executorch.validate.report import OutputComparison
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from prefect_executorch.program import MethodFacts, read_program
 if TYPE_CHECKING:
     import torch
 
-    from prefect_executorch.spec.buildspec import InputSpec
+    from prefect_executorch.spec.methods import InputSpec
 
 _ERROR_CODE = re.compile(r"error:\s*0x:?([0-9a-fA-F]+)")
 #: ExecuTorch's runtime error codes (runtime/core/error.h) that a user can act on.

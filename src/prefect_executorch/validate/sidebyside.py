@@ -17,8 +17,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import ValidationFailed
-from prefect_executorch.spec.buildspec import MethodSpec, ValidationSpec
 from prefect_executorch.spec.inputs import random_inputs, shape_points
+from prefect_executorch.spec.methods import MethodSpec
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.targets import get_target, needs_cuda
 from prefect_executorch.validate.compare import compare_outputs
 from prefect_executorch.validate.latency import LatencyStats, measure_together

@@ -18,9 +18,10 @@ from pydantic import BaseModel, Field
 from prefect_executorch.errors import ChildProcessFailed, SpecError, ValidationFailed
 from prefect_executorch.export.quantize import quantized_methods
 from prefect_executorch.isolation import run_isolated
-from prefect_executorch.spec.buildspec import BuildSpec, ValidationSpec, check_input_budget
+from prefect_executorch.spec.buildspec import BuildSpec, check_input_budget
 from prefect_executorch.spec.inputs import Inputs, case_inputs
 from prefect_executorch.spec.modelref import load_model, method_callable
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.targets import PROGRAM_FILE, get_target
 from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.validate.bundled import Cases, write_bundled
