@@ -1,7 +1,7 @@
 """Figures in README.md and docs/*.md that name their record are checked against it.
 
 A figure is written as a link to the committed JSON record that holds it, the fragment naming the value (a
-dotted path; ``*N`` scales it, e.g. seconds shown as milliseconds):
+dotted path, a space in a key written ``%20``; ``*N`` scales it, e.g. seconds shown as milliseconds):
 
     [1.7 ms](records/gpu/2026-12-06-h100-edbb4c9/llm/llm_cuda.json#figures.program_bf16.first_token.median_s*1000)
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from urllib.parse import unquote
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ def figures_in(document: Path) -> list[Figure]:
     name = document.relative_to(ROOT).as_posix() if document.is_relative_to(ROOT) else document.name
     for number, line in enumerate(document.read_text().splitlines(), start=1):
         for match in [*LINK.finditer(line), *LOG_LINK.finditer(line)]:
-            path = match[3] if match.re is LINK else f"L{match[3]}"
+            path = unquote(match[3]) if match.re is LINK else f"L{match[3]}"  # a key with spaces is written %20
             found.append(Figure(document=name, line=number, text=match[1], record=match[2],
                                 record_file=document.parent / match[2], path=path))
     return found
