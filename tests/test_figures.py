@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from urllib.parse import unquote
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from pydantic import BaseModel

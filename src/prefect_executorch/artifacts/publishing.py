@@ -47,6 +47,7 @@ from prefect_executorch.export.fingerprint import BuildFingerprint
 from prefect_executorch.export.lineage import Lineage
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.spec.asr import SPEECH_MODEL_FILES
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.fields import check_name
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_CONFIG_FILES, TOKENIZER_FILE
@@ -353,6 +354,18 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
     return manifest
 
 
+def _model_kind_files(spec: BuildSpec, bundle_dir: Path) -> list[str] | None:
+    """What a Hugging Face model's bundle carries beside its program: a decoder LM's runner needs its tokenizer (and
+    its configuration: BOS and EOS), its prompts are its own test cases; a speech model's consumer needs its tokenizer
+    and the front end's settings."""
+    if spec.llm is not None:
+        return [TOKENIZER_FILE, *(name for name in TOKENIZER_CONFIG_FILES if (bundle_dir / name).is_file()),
+                GENERATION_CASES_FILE]
+    if spec.asr is not None:
+        return [name for name in SPEECH_MODEL_FILES if (bundle_dir / name).is_file()]
+    return None
+
+
 def _runtime_hints(target: Target, spec: BuildSpec, toolchain: Toolchain, export: ExportedProgramDir) -> dict[str, Any]:
     hints = target.runtime_hints(spec, toolchain)
     if spec.llm is not None:
@@ -382,10 +395,7 @@ def prepare_bundle(
         compat=compat if compat is not None else target.compat(spec, toolchain),
         files=file_entries(bundle_dir, export.program, export.data_files, [VALIDATION_FILE],
                            [BUNDLED_FILE] if bundled.file else [],
-                           # A decoder LM's runner needs its tokenizer (and its configuration: BOS and EOS); its
-                           # prompts are its own test cases.
-                           [TOKENIZER_FILE, *(name for name in TOKENIZER_CONFIG_FILES if (bundle_dir / name).is_file()),
-                            GENERATION_CASES_FILE] if spec.llm else None),
+                           _model_kind_files(spec, bundle_dir)),
         program=export.program,
         data_files=export.data_files,
         methods=method_entries({name: m.inputs for name, m in spec.methods.items()}, export.methods, export.delegation),

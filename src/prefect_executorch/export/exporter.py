@@ -63,7 +63,8 @@ class ExportedProgramDir(BaseModel):
 
 
 def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
-    """Child side: load the model, export every method (an LLM: the runner's program), lower for the target, read the result."""
+    """Child side: load the model, export every method (an LLM: the runner's program; a speech model: its encoder and
+    decoder), lower for the target, read the result."""
     started = time.monotonic()
     req = ExportRequest.model_validate(request)
     spec, out_dir = req.spec, Path(req.out_dir)
@@ -72,6 +73,10 @@ def export_in_child(request: dict[str, Any]) -> ExportedProgramDir:
         from prefect_executorch.export.causal_lm import lower_llm
 
         lowered, quantization = lower_llm(spec, target, out_dir)
+    elif spec.asr is not None:
+        from prefect_executorch.export.speech import lower_speech
+
+        lowered, quantization = lower_speech(spec, target, out_dir)
     else:
         lowered, quantization = _lower_methods(spec, target, out_dir)
     pte = out_dir / PROGRAM_FILE

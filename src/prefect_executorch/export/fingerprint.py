@@ -18,8 +18,7 @@ from prefect_executorch.export.quantize import quantizer_versions
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.spec.buildspec import BuildSpec
-from prefect_executorch.spec.llm import model_files
-from prefect_executorch.spec.modelref import ModelRef, source_file
+from prefect_executorch.spec.modelref import ModelRef, model_dir_files, source_file
 
 
 class BuildFingerprint(BaseModel):
@@ -44,9 +43,15 @@ def normalized_spec(spec: BuildSpec) -> dict[str, object]:
     if spec.llm is not None:
         data["model"] = "llm"  # the directory counts by its files' content (model_source_sha256), not its path
         data["llm"]["tokenizer"] = None  # type: ignore[index]
+    elif spec.asr is not None:
+        data["model"] = "asr"
+        # Clips are data: each counts by its content, not where it lives.
+        data["asr"]["clips"] = [sha256_file(clip) for clip in spec.asr.clips]  # type: ignore[index]
     else:
         data["model"] = ModelRef.split(spec.model).function
-        del data["llm"]  # builds of factories keep the cache key they had before `llm` existed
+    for kind in ("llm", "asr"):
+        if data[kind] is None:
+            del data[kind]  # builds of other kinds keep the cache key they had before the section existed
     validation: dict[str, Any] = data["validation"]  # type: ignore[assignment]
     validation.pop("timeout_s", None)
     # Samples are data: a file edited in place must miss the cache, a moved one must not.
@@ -70,10 +75,10 @@ def _function_digest(reference: str, field: str) -> str:
 
 
 def model_source_digest(spec: BuildSpec) -> str:
-    """sha256 of the model factory's source file; of an LLM's model files (names and contents) instead."""
-    if spec.llm is None:
+    """sha256 of the model factory's source file; of an LLM's or speech model's files (names and contents) instead."""
+    files = model_dir_files(spec)
+    if files is None:
         return sha256_file(source_file(spec.model))
-    files = model_files(spec.model, spec.llm.tokenizer_path(spec.model))
     return hashlib.sha256("".join(f"{path.name}:{sha256_file(path)};" for path in files).encode()).hexdigest()
 
 

@@ -14,8 +14,7 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.spec.buildspec import BuildSpec
-from prefect_executorch.spec.llm import model_files
-from prefect_executorch.spec.modelref import ModelRef, source_file
+from prefect_executorch.spec.modelref import ModelRef, model_dir_files, source_file
 
 GIT_TIMEOUT_S = 10
 
@@ -66,9 +65,9 @@ def git_state(path: Path) -> tuple[GitState | None, Path | None]:
 
 def collect_lineage(spec: BuildSpec, weights_uri: str | None = None, training_run: str | None = None) -> Lineage:
     """The lineage of a build of ``spec`` on this machine."""
-    if spec.llm is not None:  # a model directory: its files are the sources
-        sources = [path.resolve() for path in model_files(spec.model, spec.llm.tokenizer_path(spec.model))]
-        model = Path(spec.model).name
+    directory = model_dir_files(spec)
+    if directory is not None:  # a model directory: its files are the sources
+        sources, model = [path.resolve() for path in directory], Path(spec.model).name
     else:
         sources, model = [source_file(spec.model).resolve()], ModelRef.split(spec.model).function
     git, root = git_state(sources[0])

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from prefect_executorch.errors import SpecError
+from prefect_executorch.spec.asr import SpeechRecognitionSpec, check_speech_model_dir
 from prefect_executorch.spec.base import StrictModel, is_safe_name
 from prefect_executorch.spec.fields import DTYPE_SIZES, NAME_RULE, check_identifier
 from prefect_executorch.spec.llm import TextGenerationSpec, check_model_dir
@@ -30,7 +31,9 @@ from prefect_executorch.spec.validation import ValidationSpec
 
 #: The targets an `llm:` spec builds for (the runner's program with a static KV cache).
 LLM_TARGETS = ("xnnpack", "portable", "cuda")
-#: The quantization schemes of an `llm:` spec.
+#: The targets an `asr:` spec builds for (CPU: its encoder and decoder lowered to XNNPACK or portable kernels).
+ASR_TARGETS = ("xnnpack", "portable")
+#: The quantization schemes of an `llm:` or `asr:` spec.
 LLM_SCHEMES = ("int8da4w",)
 
 class ModelCard(StrictModel):
@@ -62,8 +65,11 @@ class BuildSpec(StrictModel):
     llm: TextGenerationSpec | None = Field(
         None, description="A decoder language model: `model` is its Hugging Face model directory (docs/llm.md)."
     )
-    model: str = Field(description="'package.module:factory' or 'path/to/file.py:factory'; with `llm`, a Hugging "
-                       "Face model directory.")
+    asr: SpeechRecognitionSpec | None = Field(
+        None, description="A speech recognition encoder-decoder (Whisper): `model` is its Hugging Face model "
+        "directory (docs/asr.md).")
+    model: str = Field(description="'package.module:factory' or 'path/to/file.py:factory'; with `llm` or `asr`, a "
+                       "Hugging Face model directory.")
     weights: str | None = Field(None, description="State dict loaded with torch.load(weights_only=True).")
     methods: dict[str, MethodSpec] = Field(
         default_factory=dict, description="Methods of the program by name (none with `llm`: the runner's own)."
@@ -119,34 +125,39 @@ class BuildSpec(StrictModel):
     @field_validator("model")
     @classmethod
     def _model_reference(cls, value: str, info: ValidationInfo) -> str:
-        if info.data.get("llm") is None:
+        section = next((name for name in ("llm", "asr") if info.data.get(name) is not None), None)
+        if section is None:
             ModelRef.check(value, noun="factory")
         elif not value.strip() or ModelRef.split(value).function.isidentifier():
-            raise ValueError(f"{value!r}: with `llm`, model is the path of a Hugging Face model directory "
+            raise ValueError(f"{value!r}: with `{section}`, model is the path of a Hugging Face model directory "
                              "(config.json, safetensors weights, tokenizer.json)")
         return value
 
     @model_validator(mode="after")
     def _one_kind(self) -> BuildSpec:
-        if self.llm is None:
-            if self.quantization is not None and self.quantization.embeddings is not None:
-                raise ValueError("quantization.embeddings: applies to an `llm:` spec's token embeddings only; remove it")
+        if self.llm is not None and self.asr is not None:
+            raise ValueError("llm, asr: a spec builds one model kind; keep one section")
+        section = "llm" if self.llm is not None else "asr" if self.asr is not None else None
+        if self.quantization is not None and self.quantization.embeddings is not None and self.llm is None:
+            raise ValueError("quantization.embeddings: applies to an `llm:` spec's token embeddings only; remove it")
+        if section is None:
             if not self.methods:
-                raise ValueError("methods: give at least one method (or an `llm:` section for a decoder language "
-                                 "model)")
+                raise ValueError("methods: give at least one method (or an `llm:` or `asr:` section for a Hugging "
+                                 "Face language or speech model)")
             return self
         given = [field for field in ("methods", "weights") if getattr(self, field)]
         given += ["external_weights"] if self.external_weights else []
         given += ["validation.methods"] if self.validation.methods else []
         if given:
-            raise ValueError(f"{', '.join(given)}: not for an `llm:` spec (its methods are the runner's, its weights "
-                             "the model directory's); remove them")
+            raise ValueError(f"{', '.join(given)}: not for an `{section}:` spec (its methods are made by the export, its "
+                             "weights the model directory's); remove them")
         if self.quantization is not None and self.quantization.scheme not in LLM_SCHEMES:
-            raise ValueError(f"quantization.scheme: an `llm:` spec is quantized with {' or '.join(LLM_SCHEMES)} (linear "
-                             f"layers, as ExecuTorch's LLM recipes), not {self.quantization.scheme!r}")
-        if self.target_name not in LLM_TARGETS:
-            raise ValueError(f"target: an `llm:` spec builds for {', '.join(LLM_TARGETS)}, not {self.target_name!r}"
-                             " (docs/llm.md)")
+            raise ValueError(f"quantization.scheme: an `{section}:` spec is quantized with {' or '.join(LLM_SCHEMES)} "
+                             f"(linear layers, as ExecuTorch's LLM recipes), not {self.quantization.scheme!r}")
+        targets = LLM_TARGETS if section == "llm" else ASR_TARGETS
+        if self.target_name not in targets:
+            raise ValueError(f"target: an `{section}:` spec builds for {', '.join(targets)}, not {self.target_name!r}"
+                             f" (docs/{section}.md)")
         if self.target_name == "cuda" and self.quantization is not None:
             raise ValueError("quantization: an `llm:` spec on target cuda is built in target.precision (bf16 is the "
                              "CUDA backend's LLM precision); quantized decoder LMs build for xnnpack; remove one")
@@ -161,7 +172,7 @@ class BuildSpec(StrictModel):
         """Key-sorted JSON of the spec, the basis of its hash."""
         data = self.model_dump(mode="json")
         # Specs keep the hash (and cache key) they had before these fields existed.
-        for field in ("quantization", "llm"):
+        for field in ("quantization", "llm", "asr"):
             if data[field] is None:
                 del data[field]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -174,6 +185,12 @@ class BuildSpec(StrictModel):
         """Check, without running user code, that the factory (an LLM's model directory) can be found."""
         if self.llm is not None:
             check_model_dir(self.model, self.llm.tokenizer_path(self.model))
+            return
+        if self.asr is not None:
+            check_speech_model_dir(self.model)
+            for index, clip in enumerate(self.asr.clips):
+                if not Path(clip).is_file():
+                    raise SpecError(f"asr.clips[{index}]: file {clip!r} does not exist")
             return
         check_factory(self.model)
         if self.weights is not None and not Path(self.weights).is_file():
@@ -241,6 +258,12 @@ def parse_spec(data: Any, base_dir: Path | None = None) -> BuildSpec:
             tokenizer = data["llm"].get("tokenizer")
             if isinstance(tokenizer, str):
                 data["llm"] = {**data["llm"], "tokenizer": str((base_dir / tokenizer).resolve())}
+        elif isinstance(model, str) and isinstance(data.get("asr"), dict):
+            data["model"] = str((base_dir / model).resolve())
+            clips = data["asr"].get("clips")
+            if isinstance(clips, list):
+                data["asr"] = {**data["asr"], "clips": [str((base_dir / clip).resolve()) if isinstance(clip, str)
+                                                        else clip for clip in clips]}
         elif isinstance(model, str) and ModelRef.split(model).is_file:
             data["model"] = _resolve_file_reference(model, base_dir)
         weights = data.get("weights")

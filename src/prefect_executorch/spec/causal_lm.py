@@ -19,8 +19,9 @@ SUPPORTED_ARCHITECTURES = ("gemma3_text", "llama", "qwen2", "qwen3")
 LLM_INSTALL = 'pip install "prefect-executorch[llm]" -c constraints-cpu.txt'
 
 
-def require_llm_stack() -> None:
-    """Refuse, before any export, a decoder-LM build where transformers or tokenizers is not installed."""
+def require_llm_stack(section: str = "llm") -> None:
+    """Refuse, before any export, a Hugging Face model's build (the spec's ``section``) where transformers or
+    tokenizers is not installed."""
     import importlib.util
 
     def absent(name: str) -> bool:
@@ -31,7 +32,8 @@ def require_llm_stack() -> None:
 
     missing = [name for name in ("transformers", "tokenizers") if absent(name)]
     if missing:
-        raise ToolchainMismatch(f"llm: building a decoder LM needs {' and '.join(missing)}, which this worker lacks; "
+        kind = "a decoder LM" if section == "llm" else "a speech model"
+        raise ToolchainMismatch(f"{section}: building {kind} needs {' and '.join(missing)}, which this worker lacks; "
                                 f"install the llm extra: {LLM_INSTALL}")
 
 

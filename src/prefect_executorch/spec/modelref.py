@@ -87,6 +87,16 @@ def source_file(reference: str, field: str = "model") -> Path:
 _PARSER = threading.Lock()
 
 
+def model_dir_files(spec: BuildSpec) -> list[Path] | None:
+    """The files of a model directory (an ``llm:`` or ``asr:`` spec's) that decide its build; None for a factory."""
+    from prefect_executorch.spec.asr import speech_model_files
+    from prefect_executorch.spec.llm import model_files
+
+    if spec.llm is not None:
+        return model_files(spec.model, spec.llm.tokenizer_path(spec.model))
+    return speech_model_files(spec.model) if spec.asr is not None else None
+
+
 def parse_python(text: str, filename: str) -> ast.Module:
     """``ast.parse``, one thread at a time."""
     with _PARSER:

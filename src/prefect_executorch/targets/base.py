@@ -57,12 +57,13 @@ class Target(ABC):
         return []
 
     def check_build(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
-        """``check``, after what the spec's model kind needs in this process's environment (a decoder LM: the
-        ``llm`` extra): everything that keeps a build from starting, before any export."""
-        if spec.llm is not None:
+        """``check``, after what the spec's model kind needs in this process's environment (a decoder LM or a speech
+        model: the ``llm`` extra): everything that keeps a build from starting, before any export."""
+        if spec.llm is not None or spec.asr is not None:
             from prefect_executorch.spec.causal_lm import check_positions, require_llm_stack
 
-            require_llm_stack()
+            require_llm_stack("llm" if spec.llm is not None else "asr")
+        if spec.llm is not None:
             check_positions(spec)
         return self.check(spec, toolchain)
 

@@ -29,13 +29,14 @@ UNICODE_CORPUS = ["héllo wörld, ça va", "日本語のテキスト", "naïve c
 BOS, EOS = "<s>", "</s>"
 
 
-def write_tokenizer(path: Path, vocab_size: int = 320, adds_bos: bool = False, byte_alphabet: bool = False) -> int:
+def write_tokenizer(path: Path, vocab_size: int = 320, adds_bos: bool = False, byte_alphabet: bool = False,
+                    specials: tuple[str, ...] = (BOS, EOS)) -> int:
     """Train a byte-level BPE on ``CORPUS`` and save it as ``path``; its vocabulary size.
 
     ``adds_bos``: as a Llama-3 tokenizer, its post-processor puts BOS before every text (``TemplateProcessing``), and
     ``tokenizer_config.json`` and ``special_tokens_map.json`` beside it name BOS and EOS. ``byte_alphabet``: every
     byte is a token, as in real byte-level BPEs, and it is trained on ``UNICODE_CORPUS`` too: many tokens are a
-    character's first bytes only, not whole UTF-8.
+    character's first bytes only, not whole UTF-8. ``specials``: the special tokens, ids from 0 in this order.
     """
     import json
 
@@ -46,7 +47,7 @@ def write_tokenizer(path: Path, vocab_size: int = 320, adds_bos: bool = False, b
     tokenizer.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet() if byte_alphabet else []
     texts = CORPUS + UNICODE_CORPUS if byte_alphabet else CORPUS
-    tokenizer.train_from_iterator(texts * 20, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BOS, EOS],
+    tokenizer.train_from_iterator(texts * 20, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(specials),
                                                                   initial_alphabet=alphabet))
     if adds_bos:
         bos_id = tokenizer.token_to_id(BOS)

@@ -237,13 +237,14 @@ def teacher_forced(program: ForwardCalls, model: PreTrainedModel, prompt_ids: li
 
 
 def compare_generation(prompt: str, prompt_tokens: int, expected: list[str], actual: list[str],
-                       reference: str = "eager") -> GenerationCase:
-    """Where the runner's tokens first depart from ``reference``'s (None: they agree)."""
+                       reference: str = "eager", subject: str = "prompt") -> GenerationCase:
+    """Where the program's tokens first depart from ``reference``'s (None: they agree); ``subject``: what ``prompt``
+    names (a speech model's clip)."""
     diverges = next((i for i, (e, a) in enumerate(zip(expected, actual, strict=False)) if e != a), None)
     if diverges is None and len(expected) != len(actual):
         diverges = min(len(expected), len(actual))
     return GenerationCase(prompt=prompt, prompt_tokens=prompt_tokens, expected=expected, actual=actual,
-                          first_divergence=diverges, reference=reference)
+                          first_divergence=diverges, reference=reference, subject=subject)
 
 
 def validate_generation(req: ValidateRequest) -> ValidationReport:

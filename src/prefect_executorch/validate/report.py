@@ -174,6 +174,7 @@ class GenerationCase(BaseModel):
 
     prompt: str
     prompt_tokens: int
+    subject: str = Field("prompt", description="What ``prompt`` names: a prompt, or a speech model's clip.")
     expected: list[str] = Field(description="Eager PyTorch's tokens.")
     actual: list[str] = Field(description="The program's tokens (GenerationReport.generated_by made them).")
     first_divergence: int | None = Field(description="The first position where they differ (None: they agree).")
@@ -189,11 +190,11 @@ class GenerationCase(BaseModel):
     def describe(self) -> str:
         """Where the program departs from eager, in words."""
         if self.first_divergence is None:
-            return f"prompt {self.prompt!r}: {len(self.actual)} tokens, as {self.reference}'s"
+            return f"{self.subject} {self.prompt!r}: {len(self.actual)} tokens, as {self.reference}'s"
         at = self.first_divergence
         ours = repr(self.actual[at]) if at < len(self.actual) else "nothing (it stopped)"
         theirs = repr(self.expected[at]) if at < len(self.expected) else f"nothing ({self.reference} stopped)"
-        return f"prompt {self.prompt!r}: new token {at} is {ours} where {self.reference} generates {theirs}"
+        return f"{self.subject} {self.prompt!r}: new token {at} is {ours} where {self.reference} generates {theirs}"
 
 
 class GenerationReport(BaseModel):
@@ -245,11 +246,13 @@ class GenerationReport(BaseModel):
         if failed:
             return failed[0].describe()
         if self.exact:
-            return f"{len(self.cases)} prompt{'s' * (len(self.cases) != 1)}, every token as eager's"
+            unit = self.cases[0].subject if self.cases else "prompt"
+            return f"{len(self.cases)} {unit}{'s' * (len(self.cases) != 1)}, every token as eager's"
         departed = next((case for case in self.cases if not case.passed), None)
         agreement, ratio = self.top1_agreement(), self.perplexity_ratio()
         figures = (f"teacher-forced top-1 agreement {agreement:.1%}, perplexity {ratio:.3f}x fp32 eager's"
-                   if agreement is not None and ratio is not None else "no teacher-forced figures")
+                   if agreement is not None and ratio is not None
+                   else f"{self.agreement():.1%} of fp32 eager's tokens the same")
         first = f"; first departure: {departed.describe()}" if departed else "; every token as fp32 eager's"
         return figures + first
 

@@ -216,6 +216,10 @@ def validate_in_child(request: dict[str, Any]) -> ValidationReport:
         from prefect_executorch.validate.generation import validate_generation
 
         return validate_generation(req)
+    if spec.asr is not None:
+        from prefect_executorch.validate.transcription import validate_transcription
+
+        return validate_transcription(req)
     target = get_target(spec.target_name)
     hints = target.runtime_hints(spec)
     target.runtime_setup(hints)

@@ -1,0 +1,119 @@
+"""Child side of a speech-recognition export: the encoder (one window of log-mel features in, hidden states out) and
+the text decoder (one token a call into a static self-attention cache, the encoder's states beside it) from
+transformers' ExecuTorch wrappers, lowered into one program with the metadata a consumer drives them by."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect_executorch.errors import ExportFailed
+from prefect_executorch.export.quantize import QuantizationFacts, build_facts, quantize_model
+from prefect_executorch.export.stages import run_lowering, summary
+from prefect_executorch.spec.asr import SPEECH_MODEL_FILES
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.speech_model import (
+    decoder_prompt,
+    end_ids,
+    features_of,
+    load_feature_extractor,
+    load_speech_model,
+    load_speech_tokenizer,
+)
+from prefect_executorch.targets.base import Lowered, Target
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+#: The program's methods, as optimum-executorch's ASR export names them.
+ENCODER, DECODER = "encoder", "text_decoder"
+
+
+def cache_length(prompt: list[int], max_new_tokens: int) -> int:
+    """The decoder's static cache: the forced prompt and every new token."""
+    return len(prompt) + max_new_tokens
+
+
+def speech_metadata(model: PreTrainedModel, prompt: list[int], length: int, features: torch.Tensor) -> dict[str, Any]:
+    """The constant methods a consumer reads to drive the program: its start tokens, end ids, cache and input sizes."""
+    return {
+        "get_decoder_prompt_ids": prompt,
+        "get_eos_ids": end_ids(model),
+        "get_max_seq_len": length,
+        "get_vocab_size": int(model.config.vocab_size),
+        "get_feature_shape": list(features.shape),
+    }
+
+
+def encoder_module(model: PreTrainedModel) -> torch.nn.Module:
+    """The encoder as a module of ``input_features`` alone (transformers' encoder wrapper passes ``input_ids``)."""
+    import torch
+
+    class SpeechEncoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = model.get_encoder()
+
+        def forward(self, input_features: torch.Tensor) -> torch.Tensor:
+            return self.encoder(input_features=input_features).last_hidden_state  # type: ignore[no-any-return]
+
+    return SpeechEncoder().eval()
+
+
+def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
+    """transformers' static-cache decoder wrapper over ``model`` (which reads ``lm_head``: Whisper's is ``proj_out``)."""
+    import torch
+    from transformers.integrations.executorch import Seq2SeqLMDecoderExportableModuleWithStaticCache
+
+    class WithLmHead(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model, self.lm_head, self.config = model, model.get_output_embeddings(), model.config
+
+        def get_decoder(self) -> torch.nn.Module:
+            return model.get_decoder()  # type: ignore[no-any-return]
+
+    return Seq2SeqLMDecoderExportableModuleWithStaticCache(WithLmHead(), max_static_cache_length=length, batch_size=1)
+
+
+def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, QuantizationFacts | None]:
+    """Export the spec's speech model (its linears quantized, if the spec says so) as ``encoder`` and ``text_decoder``
+    and lower both, with the metadata, tokenizer and front end's settings, into ``out_dir``."""
+    import torch
+
+    assert spec.asr is not None
+    loaded = load_speech_model(spec)
+    prompt = decoder_prompt(spec, loaded, load_speech_tokenizer(spec.model))
+    length = cache_length(prompt, spec.asr.max_new_tokens)
+    positions = loaded.config.max_target_positions
+    if length > positions:
+        raise ExportFailed(f"asr.max_new_tokens: {spec.asr.max_new_tokens} new tokens after {len(prompt)} forced ones "
+                           f"pass the decoder's {positions} positions; lower asr.max_new_tokens")
+    extractor = load_feature_extractor(spec.model)
+    features = features_of(extractor, torch.zeros(extractor.sampling_rate).numpy())
+    facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
+    model: Any = quantize_model(loaded, spec)
+    with torch.no_grad():
+        try:
+            encoder = encoder_module(model)
+            hidden = encoder(features)
+            decoder = decoder_module(model, length)
+            # strict: the non-strict export of the decoder wrapper fails in ExecuTorch's lowering (run_decompositions:
+            # "expected compiled_fn to be GraphModule").
+            programs = {
+                ENCODER: torch.export.export(encoder, (features,), strict=True),
+                DECODER: torch.export.export(decoder, (torch.tensor([[prompt[0]]]), hidden, torch.tensor([0])),
+                                             strict=True),
+            }
+        except Exception as exc:  # transformers and torch.export raise many types
+            raise ExportFailed(f"stage torch.export: the {loaded.config.model_type} model in {spec.model} does not "
+                               f"export as an encoder and a decoder with a static cache of {length} positions: "
+                               f"{summary(exc)}") from exc
+        metadata = speech_metadata(loaded, prompt, length, features)
+        lowered = run_lowering(lambda: target.lower(programs, spec, out_dir, constant_methods=metadata), target.name)
+    for name in SPEECH_MODEL_FILES:  # what a consumer's tokenizer and front end read, and the model's shape
+        if (Path(spec.model) / name).is_file():
+            shutil.copyfile(Path(spec.model) / name, out_dir / name)
+    return lowered, facts

@@ -1,0 +1,128 @@
+"""An ``asr:`` spec's model, tokenizer, feature extractor and clips, loaded offline from its model directory (the
+export and validation children both use them)."""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from prefect_executorch.errors import SpecError
+from prefect_executorch.spec.asr import ARCHITECTURES, DEFAULT_CLIPS
+from prefect_executorch.spec.buildspec import BuildSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedModel, WhisperFeatureExtractor
+
+
+class Clip(NamedTuple):
+    """One validation clip: its name (the file's, or a made clip's) and its samples at the extractor's rate."""
+
+    name: str
+    samples: np.ndarray
+
+
+def load_speech_model(spec: BuildSpec) -> PreTrainedModel:
+    """The model directory's speech encoder-decoder in float32, eval mode, loaded from local files only."""
+    import torch
+    from transformers import AutoConfig, WhisperForConditionalGeneration
+
+    config = AutoConfig.from_pretrained(spec.model, local_files_only=True)
+    if getattr(config, "model_type", None) not in ARCHITECTURES:
+        raise SpecError(f"model: architecture {config.model_type!r} ({spec.model}) is not supported by `asr`; "
+                        f"supported: {', '.join(ARCHITECTURES)} (docs/asr.md)")
+    return WhisperForConditionalGeneration.from_pretrained(spec.model, local_files_only=True,
+                                                           dtype=torch.float32).eval()
+
+
+def load_feature_extractor(model_dir: str | Path) -> WhisperFeatureExtractor:
+    """The log-mel front end as the model directory's ``preprocessor_config.json`` sets it."""
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor.from_pretrained(str(model_dir), local_files_only=True)
+
+
+def load_speech_tokenizer(model_dir: str | Path) -> Tokenizer:
+    """The model directory's ``tokenizer.json``."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+
+
+def decoder_prompt(spec: BuildSpec, model: PreTrainedModel, tokenizer: Tokenizer) -> list[int]:
+    """The tokens the decoder starts from: the model's start token, then the language, task and no-timestamps tokens
+    the spec forces (each refused by name where the tokenizer lacks it)."""
+    assert spec.asr is not None
+    prompt = [int(model.config.decoder_start_token_id)]
+    wanted = [(f"<|{spec.asr.language}|>", "asr.language") if spec.asr.language else None,
+              (f"<|{spec.asr.task}|>", "asr.task") if spec.asr.task else None]
+    for token, field in filter(None, wanted):
+        found = tokenizer.token_to_id(token)
+        if found is None:
+            raise SpecError(f"{field}: the tokenizer has no {token} token; give one it has, or leave {field} out")
+        prompt.append(found)
+    no_timestamps = tokenizer.token_to_id("<|notimestamps|>")
+    if not spec.asr.timestamps and no_timestamps is not None:
+        prompt.append(no_timestamps)
+    return prompt
+
+
+def end_ids(model: PreTrainedModel) -> list[int]:
+    """The model's end-of-transcript ids (its generation config's, else its config's)."""
+    ends = getattr(model.generation_config, "eos_token_id", None) or model.config.eos_token_id
+    return [int(end) for end in (ends if isinstance(ends, list) else [ends])]
+
+
+def made_clip(name: str, rate: int) -> np.ndarray:
+    """A default validation clip, the same samples every time: a 440 Hz tone, a 200-2000 Hz chirp, seeded noise."""
+    import numpy as np
+
+    if name == "tone-440hz-1s":
+        return (0.3 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate)).astype(np.float32)
+    if name == "chirp-200-2000hz-2s":
+        t = np.arange(2 * rate) / rate
+        return (0.3 * np.sin(2 * np.pi * (200 * t + 450 * t**2))).astype(np.float32)
+    return (0.05 * np.random.default_rng(0).standard_normal(int(1.5 * rate))).astype(np.float32)
+
+
+def read_wav(path: Path, rate: int, window_s: float, field: str) -> np.ndarray:
+    """A 16-bit PCM WAV file's samples in [-1, 1] (channels averaged), refused unless at ``rate`` and within the
+    encoder's window of ``window_s`` seconds."""
+    import numpy as np
+
+    try:
+        with wave.open(str(path), "rb") as audio:
+            channels, width, found = audio.getnchannels(), audio.getsampwidth(), audio.getframerate()
+            frames = audio.readframes(audio.getnframes())
+    except (OSError, wave.Error, EOFError) as exc:
+        raise SpecError(f"{field}: {path} is not a readable WAV file: {exc}") from None
+    if width != 2:
+        raise SpecError(f"{field}: {path} has {8 * width}-bit samples; give 16-bit PCM WAV")
+    if found != rate:
+        raise SpecError(f"{field}: {path} is sampled at {found} Hz; the model's feature extractor takes {rate} Hz: "
+                        "resample it")
+    samples = np.frombuffer(frames, dtype="<i2").astype(np.float32).reshape(-1, channels).mean(axis=1) / 32768
+    if len(samples) > rate * window_s:
+        raise SpecError(f"{field}: {path} lasts {len(samples) / rate:.1f} s, longer than the encoder's window of "
+                        f"{window_s:g} s; cut it into clips of at most {window_s:g} s")
+    return samples
+
+
+def validation_clips(spec: BuildSpec, extractor: WhisperFeatureExtractor) -> list[Clip]:
+    """The spec's clips (or the default ones), each as samples at the feature extractor's rate."""
+    assert spec.asr is not None
+    rate, window = int(extractor.sampling_rate), float(extractor.chunk_length)
+    if not spec.asr.clips:
+        return [Clip(name=name, samples=made_clip(name, rate)) for name in DEFAULT_CLIPS]
+    return [Clip(name=Path(clip).name, samples=read_wav(Path(clip), rate, window, f"asr.clips[{index}]"))
+            for index, clip in enumerate(spec.asr.clips)]
+
+
+def features_of(extractor: WhisperFeatureExtractor, samples: np.ndarray) -> torch.Tensor:
+    """The clip's log-mel features, padded to the encoder's window: ``[1, mel bins, frames]``."""
+    features = extractor(samples, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features
+    return features  # type: ignore[no-any-return]
+

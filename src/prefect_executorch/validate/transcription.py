@@ -1,0 +1,137 @@
+"""Validation by transcript: each clip's log-mel features through eager PyTorch and through the program, both
+greedy from the same forced start tokens (the argmax after each token, no logits processor on either side: a
+model's ``suppress_tokens`` are not applied, as a consumer driving the program does not apply them), up to
+``asr.max_new_tokens`` tokens or an end id. A float32 program must transcribe what eager does, token for token;
+a quantized one is judged by its agreement with fp32 eager (``asr.min_token_agreement``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prefect_executorch.export.quantize import build_facts
+from prefect_executorch.export.speech import DECODER, ENCODER
+from prefect_executorch.spec.buildspec import BuildSpec
+from prefect_executorch.spec.speech_model import (
+    decoder_prompt,
+    end_ids,
+    features_of,
+    load_feature_extractor,
+    load_speech_model,
+    load_speech_tokenizer,
+    validation_clips,
+)
+from prefect_executorch.validate.generation import compare_generation
+from prefect_executorch.validate.loaded_program import LoadedProgram
+from prefect_executorch.validate.report import GateResult, GenerationReport, GenerationStats, ValidationReport
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedModel
+
+    from prefect_executorch.validate.validator import ValidateRequest
+
+
+def eager_transcript(model: PreTrainedModel, features: torch.Tensor, prompt: list[int], new_tokens: int,
+                     ends: set[int]) -> list[int]:
+    """Eager PyTorch's greedy transcript of ``features`` after ``prompt``: the encoder once, the decoder a token a call."""
+    import torch
+
+    encoded = model.get_encoder()(input_features=features)
+    output = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([prompt]), use_cache=True)
+    tokens: list[int] = []
+    while True:
+        tokens.append(int(output.logits[0, -1].argmax()))
+        if len(tokens) == new_tokens or tokens[-1] in ends:
+            return tokens
+        output = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([[tokens[-1]]]),
+                       cache=output.cache, use_cache=True)
+
+
+class ProgramTranscriber:
+    """The program driven as a consumer drives it: ``encoder`` once a clip, then ``text_decoder`` a token a call from
+    the start tokens and up to the end ids its metadata names."""
+
+    def __init__(self, program: LoadedProgram) -> None:
+        self.program = program
+        self.prompt = [int(token) for token in program.execute("get_decoder_prompt_ids", ())]
+        self.ends = {int(token) for token in program.execute("get_eos_ids", ())}
+
+    def transcribe(self, features: torch.Tensor, new_tokens: int) -> tuple[list[int], GenerationStats]:
+        """The greedy transcript of ``features`` and its timing (time to the first new token, decode rate)."""
+
+        started = time.perf_counter()
+        hidden = self.program.execute(ENCODER, (features,))[0]
+        tokens: list[int] = []
+        logits: Any = None
+        for position, token in enumerate(self.prompt):
+            logits = self._decode(token, hidden, position)
+        first = time.perf_counter()
+        while True:
+            tokens.append(int(logits[0, -1].argmax()))
+            if len(tokens) == new_tokens or tokens[-1] in self.ends:
+                break
+            logits = self._decode(tokens[-1], hidden, len(self.prompt) + len(tokens) - 1)
+        ended = time.perf_counter()
+        return tokens, GenerationStats(
+            time_to_first_token_ms=(first - started) * 1000,
+            decode_tokens_per_s=(len(tokens) - 1) / (ended - first) if len(tokens) > 1 else None,
+            prefill_tokens_per_s=len(self.prompt) / (first - started),
+        )
+
+    def _decode(self, token: int, hidden: torch.Tensor, position: int) -> torch.Tensor:
+        import torch
+
+        return self.program.execute(DECODER, (torch.tensor([[token]]), hidden, torch.tensor([position])))[0]
+
+
+def validate_transcription(req: ValidateRequest) -> ValidationReport:
+    """Child side of a speech model's validation: every clip through eager PyTorch and the program; a float build must
+    transcribe token for token, a quantized one pass its agreement gate."""
+    import torch
+
+    spec, bundle = req.spec, Path(req.bundle_dir)
+    assert spec.asr is not None
+    started = time.monotonic()
+    program = LoadedProgram(bundle / req.program, bundle / req.data_files[0] if req.data_files else None)
+    transcriber = ProgramTranscriber(program)
+    load_seconds = time.monotonic() - started
+    model = load_speech_model(spec)
+    tokenizer = load_speech_tokenizer(spec.model)
+    prompt, ends = decoder_prompt(spec, model, tokenizer), set(end_ids(model))
+    extractor = load_feature_extractor(bundle)  # the bundle's own front-end settings, as a consumer reads them
+    cases, timings = [], []
+    with torch.no_grad():
+        for clip in validation_clips(spec, extractor):
+            features = features_of(extractor, clip.samples)
+            expected = eager_transcript(model, features, prompt, spec.asr.max_new_tokens, ends)
+            actual, timing = transcriber.transcribe(features, spec.asr.max_new_tokens)
+            cases.append(compare_generation(clip.name, len(prompt), token_pieces(tokenizer, expected),
+                                            token_pieces(tokenizer, actual), subject="clip"))
+            timings.append(timing)
+    report = GenerationReport(new_tokens=spec.asr.max_new_tokens, cases=cases, stats=timings, exact=not spec.quantization,
+                              generated_by="ExecuTorch's runtime: encoder once, text_decoder a token a call")
+    gates = [] if report.exact else [agreement_gate(report, spec)]
+    return ValidationReport(
+        passed=report.passed and all(gate.passed for gate in gates), cases=[], load_seconds=load_seconds,
+        delegates={name: facts.delegates for name, facts in program.facts.items()}, used_data_file=bool(req.data_files),
+        gates=gates, delegation=req.delegation, generation=report,
+        quantization=build_facts(spec, model, None, 0) if spec.quantization else None,
+        file_sizes={name: (bundle / name).stat().st_size for name in [req.program, *req.data_files]},
+    )
+
+
+def token_pieces(tokenizer: Tokenizer, tokens: list[int]) -> list[str]:
+    """Each token as the tokenizer spells it (the report shows them; an id it does not know, as the number)."""
+    return [tokenizer.id_to_token(token) or str(token) for token in tokens]
+
+
+def agreement_gate(report: GenerationReport, spec: BuildSpec) -> GateResult:
+    """A quantized build's gate: the share of fp32 eager's tokens it transcribes the same, before each first divergence."""
+    assert spec.asr is not None
+    agreement, minimum = report.agreement(), spec.asr.min_token_agreement
+    return GateResult(gate="min_token_agreement", section="asr", method=DECODER, measured=agreement, limit=minimum,
+                      passed=agreement >= minimum, detail=f"{agreement:.1%} of fp32 eager's transcript tokens the same "
+                      f"before each clip's first departure, at least {minimum:.1%} required")

@@ -1,0 +1,155 @@
+"""Speech recognition: a Whisper made here from a transformers config (trained a few steps to transcribe the default
+clips, a tokenizer trained in the test), exported as an encoder and a decoder with a static cache, and judged by the
+transcript it produces against eager PyTorch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from prefect_executorch.errors import SpecError, ValidationFailed
+from prefect_executorch.export.exporter import export_program
+from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
+from prefect_executorch.spec.speech_model import load_feature_extractor, validation_clips
+from prefect_executorch.testing.tiny_llm import write_tiny_llm
+from prefect_executorch.testing.tiny_whisper import write_tiny_whisper
+from prefect_executorch.validate.validator import require_passed, validate_program
+
+CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+ASR = {"language": "en", "task": "transcribe", "max_new_tokens": 12}
+
+
+def asr_spec(model_dir: Path, version: str = "1", **extra: Any) -> BuildSpec:
+    return parse_spec({"name": "tiny-whisper", "version": version, "model": str(model_dir), "asr": ASR, **extra})
+
+
+def write_wav(path: Path, samples: np.ndarray, rate: int = 16000) -> Path:
+    with wave.open(str(path), "wb") as audio:
+        audio.setnchannels(1)
+        audio.setsampwidth(2)
+        audio.setframerate(rate)
+        audio.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return path
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Trained: random weights repeat one token whatever they hear; a trained model's transcript depends on the clip.
+    return write_tiny_whisper(tmp_path_factory.mktemp("asr") / "whisper", train_steps=100)
+
+
+# --- the spec -----------------------------------------------------------------------------------------------
+
+def test_an_asr_spec_names_a_model_directory_and_its_clips_relative_to_the_spec(tmp_path: Path) -> None:
+    (tmp_path / "spec.yaml").write_text("name: w\nversion: '1'\nmodel: ./whisper\nasr: {clips: [audio/a.wav]}\n")
+    spec = load_spec(tmp_path / "spec.yaml")
+    assert spec.model == str(tmp_path / "whisper") and spec.methods == {}
+    assert spec.asr is not None and spec.asr.clips == [str(tmp_path / "audio" / "a.wav")]
+    assert spec.asr.max_new_tokens == 32 and spec.target_name == "xnnpack"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"methods": {"forward": {"inputs": [{"name": "x", "shape": [1]}]}}}, "methods: not for an `asr:` spec"),
+    ({"llm": {}}, "llm, asr: a spec builds one model kind"),
+    ({"target": "cuda"}, "target: an `asr:` spec builds for xnnpack, portable, not 'cuda'"),
+    ({"quantization": {"scheme": "int8-dynamic"}}, "an `asr:` spec is quantized with int8da4w"),
+    ({"model": "models.py:make"}, "with `asr`, model is the path of a Hugging Face model directory"),
+    ({"asr": {"clips": ["talk.mp3"]}}, "clips[0]: 'talk.mp3' is not a .wav file"),
+    ({"asr": {"max_new_tokns": 8}}, "did you mean 'max_new_tokens'"),
+])
+def test_a_wrong_asr_spec_is_refused_in_its_own_words(extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec({"name": "w", "version": "1", "model": "/models/whisper", "asr": {}, **extra})
+    assert message in str(caught.value)
+
+
+def test_a_directory_that_is_not_a_whisper_or_lacks_its_front_end_is_named_before_any_work(
+        whisper: Path, tmp_path: Path) -> None:
+    llama = write_tiny_llm(tmp_path / "llama", "llama", hidden_size=16)
+    with pytest.raises(SpecError, match=r"is a 'llama' model; `asr` builds whisper encoder-decoders"):
+        asr_spec(llama).check_model_reference()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (bare / name).write_bytes((whisper / name).read_bytes())
+    with pytest.raises(SpecError, match=r"has no preprocessor_config.json; save the feature extractor there"):
+        asr_spec(bare).check_model_reference()
+    with pytest.raises(SpecError, match=r"asr.clips\[0\]: file .*missing.wav' does not exist"):
+        asr_spec(whisper, asr={**ASR, "clips": [str(tmp_path / "missing.wav")]}).check_model_reference()
+
+
+def test_clips_are_read_at_the_front_ends_rate_and_refused_off_rate_or_past_the_window(
+        whisper: Path, tmp_path: Path) -> None:
+    extractor = load_feature_extractor(whisper)
+    tone = np.sin(np.arange(16000) / 16000 * 2 * np.pi * 300) * 0.5
+    ok = write_wav(tmp_path / "ok.wav", tone)
+    [clip] = validation_clips(asr_spec(whisper, asr={**ASR, "clips": [str(ok)]}), extractor)
+    assert clip.name == "ok.wav" and len(clip.samples) == 16000 and abs(clip.samples.max() - 0.5) < 1e-3
+    slow = write_wav(tmp_path / "slow.wav", tone[:8000], rate=8000)
+    with pytest.raises(SpecError, match=r"asr.clips\[0\]: .*slow.wav is sampled at 8000 Hz; .* takes 16000 Hz"):
+        validation_clips(asr_spec(whisper, asr={**ASR, "clips": [str(slow)]}), extractor)
+    long = write_wav(tmp_path / "long.wav", np.zeros(16000 * 31))
+    with pytest.raises(SpecError, match=r"lasts 31.0 s, longer than the encoder's window of 30 s"):
+        validation_clips(asr_spec(whisper, asr={**ASR, "clips": [str(long)]}), extractor)
+
+
+# --- builds ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def built(whisper: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A user's build through the CLI: the spec file beside the model directory, the store a local folder."""
+    root = tmp_path_factory.mktemp("asr-build")
+    (root / "spec.yaml").write_text(json.dumps({"name": "tiny-whisper", "version": "1", "model": str(whisper),
+                                                "asr": ASR}))
+    done = subprocess.run([*CLI, "build", "spec.yaml", "--store", str(root / "store")], cwd=root, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root, root / "store" / "tiny-whisper" / "1" / "xnnpack" / "cpu-xnnpack-x86_64"
+
+
+def test_a_user_builds_a_whisper_directory_and_its_transcripts_are_eagers(built: tuple[Path, Path]) -> None:
+    _, bundle = built
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert {"encoder", "text_decoder"} <= set(manifest["methods"])
+    files = {entry["path"] for entry in manifest["files"]}
+    assert {"model.pte", "tokenizer.json", "preprocessor_config.json"} <= files  # what a consumer's front end reads
+    cases = json.loads((bundle / "validation.json").read_text())["generation"]["cases"]
+    assert [case["prompt"] for case in cases] == ["tone-440hz-1s", "chirp-200-2000hz-2s", "noise-1500ms"]
+    for case in cases:
+        assert case["first_divergence"] is None and case["actual"] == case["expected"] and case["actual"], case
+    # The transcript depends on what was heard: a program that ignored its audio would give one transcript for all.
+    assert len({tuple(case["actual"]) for case in cases}) > 1, cases
+
+
+def test_a_program_whose_transcript_departs_from_eager_is_refused_naming_the_clip_and_both_tokens(
+        built: tuple[Path, Path], tmp_path: Path) -> None:
+    _, bundle = built
+    other = write_tiny_whisper(tmp_path / "other-seed", seed=1)  # the same shapes, other weights
+    report = validate_program(asr_spec(other), bundle, [], scratch_dir=tmp_path)
+    with pytest.raises(ValidationFailed) as caught:
+        require_passed(report)
+    assert "clip 'tone-440hz-1s': new token 0 is " in str(caught.value) and "where eager generates" in str(caught.value)
+    # Judged as a quantized build would be: by its agreement gate, which names what it measured.
+    report = validate_program(asr_spec(other, quantization={"scheme": "int8da4w"}), bundle, [], scratch_dir=tmp_path)
+    [gate] = report.gates
+    assert not report.passed and not gate.passed and gate.measured is not None and gate.measured < 0.9, gate
+    assert "of fp32 eager's transcript tokens the same" in gate.detail
+
+
+def test_a_quantized_build_passes_its_agreement_gate_at_a_fraction_of_the_size(
+        built: tuple[Path, Path], whisper: Path, tmp_path: Path) -> None:
+    _, bundle = built
+    spec = asr_spec(whisper, version="1-q", quantization={"scheme": "int8da4w"})
+    export = export_program(spec, tmp_path)
+    report = validate_program(spec, export.path, export.data_files, scratch_dir=tmp_path)
+    [gate] = report.gates
+    assert report.passed and gate.gate == "min_token_agreement" and gate.measured is not None and gate.measured >= 0.9
+    assert report.quantization is not None and report.quantization.scheme == "int8da4w"
+    assert (export.path / "model.pte").stat().st_size < 0.75 * (bundle / "model.pte").stat().st_size
