@@ -5,6 +5,7 @@ transcript it produces against eager PyTorch."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import wave
@@ -16,10 +17,12 @@ import pytest
 
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.export.exporter import export_program
+from prefect_executorch.spec.asr import TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
-from prefect_executorch.spec.speech_model import load_feature_extractor, validation_clips
+from prefect_executorch.spec.speech_model import load_feature_extractor, made_clip, validation_clips
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.testing.tiny_whisper import write_tiny_whisper
+from prefect_executorch.validate.transcription import run_transcription_cases
 from prefect_executorch.validate.validator import require_passed, validate_program
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
@@ -126,6 +129,31 @@ def test_a_user_builds_a_whisper_directory_and_its_transcripts_are_eagers(built:
         assert case["first_divergence"] is None and case["actual"] == case["expected"] and case["actual"], case
     # The transcript depends on what was heard: a program that ignored its audio would give one transcript for all.
     assert len({tuple(case["actual"]) for case in cases}) > 1, cases
+    # Its own test cases: the clips and its tokens, which verify runs again through the program on this machine.
+    assert "transcription_cases.json" in files
+    done = subprocess.run([*CLI, "verify", str(bundle)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "all 3 clips transcribe as validated" in done.stdout, done.stdout + done.stderr
+    done = subprocess.run([*CLI, "generate", str(bundle), "hello"], capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0 and "is no decoder-LM bundle" in done.stderr, done.stderr
+
+
+def test_a_spec_s_wav_clips_travel_in_the_bundle_and_a_changed_case_fails_verify(
+        built: tuple[Path, Path], whisper: Path, tmp_path: Path) -> None:
+    _, published = built
+    bundle = tmp_path / "bundle"
+    shutil.copytree(published, bundle)
+    clip = write_wav(tmp_path / "hello.wav", made_clip("noise-1500ms", 16000))
+    spec = asr_spec(whisper, asr={**ASR, "clips": [str(clip)]})
+    report = validate_program(spec, bundle, [], scratch_dir=tmp_path, bundled_out=bundle / TRANSCRIPTION_CASES_FILE)
+    assert report.passed and report.generation is not None and report.generation.cases[0].prompt == "hello.wav"
+    cases = json.loads((bundle / TRANSCRIPTION_CASES_FILE).read_text())
+    assert cases["clips"] == ["clip-0.wav"] and (bundle / "clip-0.wav").read_bytes() == clip.read_bytes()
+    assert run_transcription_cases(bundle, "model.pte", []).cases[0].passed
+    cases["expected"][0][0] += 1  # a token the program does not make
+    (bundle / TRANSCRIPTION_CASES_FILE).write_text(json.dumps(cases))
+    with pytest.raises(ValidationFailed, match=r"1 of 1 clips .* transcribe otherwise on this machine: clip "
+                                               r"'clip-0.wav': new token 0 is .* where its validation generates"):
+        run_transcription_cases(bundle, "model.pte", [])
 
 
 def test_a_program_whose_transcript_departs_from_eager_is_refused_naming_the_clip_and_both_tokens(

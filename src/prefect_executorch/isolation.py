@@ -46,6 +46,7 @@ COMMANDS: dict[str, str] = {
     "triage": "prefect_executorch.validate.triage:triage_in_child",
     "verify-generation": "prefect_executorch.validate.llm_runner:verify_generation_in_child",
     "generate": "prefect_executorch.validate.llm_runner:generate_in_child",
+    "verify-transcription": "prefect_executorch.validate.transcription:verify_transcription_in_child",
     "write-cpp-cases": "prefect_executorch.validate.cpp_consumer:write_cases_in_child",
 }
 #: What the forkserver imports once, so that children do not (missing ones are skipped). Never the

@@ -79,7 +79,8 @@ class FileEntry(BaseModel):
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     role: str = Field(description="'program', 'data' (.ptd), 'bundled' (.bpte), 'generation' (an LLM's tokenizer and "
-                      "its prompts with eager's tokens) or 'report'.")
+                      "its prompts with eager's tokens), 'speech' (a speech model's tokenizer and front-end settings) "
+                      "or 'report'.")
 
     @field_validator("path")
     @classmethod

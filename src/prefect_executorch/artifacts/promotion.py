@@ -50,6 +50,7 @@ def compare_bundles(
         request = SideBySideRequest(current=now, candidate=new, methods=methods, validation=validation,
                                     target=manifest.target,
                                     generation=any(entry.role == "generation" for entry in manifest.files),
+                                    speech=any(entry.role == "speech" for entry in manifest.files),
                                     input_device=str(manifest.runtime_hints.get("input_device", "cpu")))
 
         def run(request: SideBySideRequest) -> SideBySide:

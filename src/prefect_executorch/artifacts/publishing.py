@@ -47,7 +47,7 @@ from prefect_executorch.export.fingerprint import BuildFingerprint
 from prefect_executorch.export.lineage import Lineage
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.machine.toolchain import Toolchain
-from prefect_executorch.spec.asr import SPEECH_MODEL_FILES
+from prefect_executorch.spec.asr import SPEECH_MODEL_FILES, TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.fields import check_name
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_CONFIG_FILES, TOKENIZER_FILE
@@ -82,10 +82,12 @@ class BundleRef(BaseModel):
 
 
 def file_entries(bundle_dir: Path, program: str, data_files: list[str], reports: list[str],
-                 bundled: list[str] | None = None, generation: list[str] | None = None) -> list[FileEntry]:
-    """Size and sha256 of every file of a bundle directory, with its role."""
+                 bundled: list[str] | None = None, kind_files: tuple[str, list[str]] | None = None) -> list[FileEntry]:
+    """Size and sha256 of every file of a bundle directory, with its role (``kind_files``: a model kind's files and
+    their role, ``generation`` or ``speech``)."""
+    role, named = kind_files or ("", [])
     roles = ([(program, "program")] + [(f, "data") for f in data_files] + [(f, "bundled") for f in bundled or []]
-             + [(f, "generation") for f in generation or []] + [(f, "report") for f in reports])
+             + [(f, role) for f in named] + [(f, "report") for f in reports])
     return [
         FileEntry(path=name, size=(bundle_dir / name).stat().st_size, sha256=sha256_file(bundle_dir / name), role=role)
         for name, role in roles
@@ -354,15 +356,17 @@ def pull(store: ObjectStore, key: BundleKey, dest: Path, *, manifest_sha256: str
     return manifest
 
 
-def _model_kind_files(spec: BuildSpec, bundle_dir: Path) -> list[str] | None:
-    """What a Hugging Face model's bundle carries beside its program: a decoder LM's runner needs its tokenizer (and
-    its configuration: BOS and EOS), its prompts are its own test cases; a speech model's consumer needs its tokenizer
-    and the front end's settings."""
+def _model_kind_files(spec: BuildSpec, bundle_dir: Path) -> tuple[str, list[str]] | None:
+    """What a Hugging Face model's bundle carries beside its program, and their role: a decoder LM's runner needs its
+    tokenizer (and its configuration: BOS and EOS), its prompts are its own test cases; a speech model's consumer
+    needs its tokenizer and the front end's settings, its clips (the spec's .wav files) are its own test cases."""
     if spec.llm is not None:
-        return [TOKENIZER_FILE, *(name for name in TOKENIZER_CONFIG_FILES if (bundle_dir / name).is_file()),
-                GENERATION_CASES_FILE]
+        return "generation", [TOKENIZER_FILE, *(name for name in TOKENIZER_CONFIG_FILES if (bundle_dir / name).is_file()),
+                              GENERATION_CASES_FILE]
     if spec.asr is not None:
-        return [name for name in SPEECH_MODEL_FILES if (bundle_dir / name).is_file()]
+        clips = sorted(path.name for path in bundle_dir.glob("clip-*.wav"))
+        return "speech", [*(name for name in SPEECH_MODEL_FILES if (bundle_dir / name).is_file()), *clips,
+                          TRANSCRIPTION_CASES_FILE]
     return None
 
 

@@ -55,7 +55,8 @@ def inspect(
         console.print(f"  {name}: delegates {count_names(method.delegates)}{share}; "
                       f"{method.kernel_calls} portable kernel calls")
     verdict = "passed" if manifest.validation.passed else "[red]FAILED[/]"
-    cases = f"prompts through {generated_by(manifest)}" if manifest.validation.generation_agreement is not None else "cases"
+    unit = "clips" if any(entry.role == "speech" for entry in manifest.files) else "prompts"
+    cases = f"{unit} through {generated_by(manifest)}" if manifest.validation.generation_agreement is not None else "cases"
     console.print(f"validation {verdict}: {manifest.validation.cases} {cases}; worst: "
                   f"{escape(manifest.validation.worst or '-')}")
     console.print(SIGNED if (bundle_dir / SIGNATURE_FILE).is_file() else UNSIGNED)
@@ -81,6 +82,10 @@ def verify(
         raise NotABundle(f"{bundle_dir} is a decoder-LM bundle: its C++ check needs ExecuTorch's LLM runner library, "
                          "which the ExecuTorch wheel does not ship; verify it without --cpp (the runner's Python "
                          "binding runs the same C++ runner)")
+    if any(entry.role == "speech" for entry in manifest.files):
+        raise NotABundle(f"{bundle_dir} is a speech bundle: its C++ check needs ExecuTorch's seq2seq runner "
+                         "(extension/asr/runner), which the ExecuTorch wheel does not ship (docs/asr.md); verify it "
+                         "without --cpp")
     check = run_cpp_consumer(bundle_dir, manifest)
     for line in check.lines[:-1]:
         console.print(escape(line), highlight=False)
@@ -88,7 +93,8 @@ def verify(
 
 
 def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = None, shown_as: Path | None = None) -> str:
-    """Run a bundle's own test cases here: a decoder LM's prompts through the LLM runner, else its ``.bpte``.
+    """Run a bundle's own test cases here: a decoder LM's prompts through the LLM runner, a speech model's clips
+    through its program, else its ``.bpte``.
 
     One child, so spawned: the forkserver's export imports cost ~4 s more than the runtime's own.
     """
@@ -98,6 +104,12 @@ def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = N
         report = run_generation_cases(bundle_dir, manifest.target, manifest.data_files, scratch_dir=scratch_dir,
                                       shown_as=shown_as, start="spawn", runtime_hints=manifest.runtime_hints)
         return f"all {len(report.cases)} prompts generate eager's tokens through {report.generated_by} on this machine"
+    if any(entry.role == "speech" for entry in manifest.files):
+        from prefect_executorch.validate.transcription import run_transcription_cases
+
+        report = run_transcription_cases(bundle_dir, manifest.program, manifest.data_files, scratch=scratch_dir,
+                                         shown_as=shown_as, start="spawn")
+        return f"all {len(report.cases)} clips transcribe as validated through {report.generated_by} on this machine"
     from prefect_executorch.validate.bundled import run_bundled_cases
 
     check = run_bundled_cases(bundle_dir, manifest.target, manifest.data_files, manifest.bundled,
@@ -231,7 +243,7 @@ def generate(
             folder = scratch / "bundle"
             manifest = publishing.pull(opened, resolved.key, folder, manifest_sha256=resolved.manifest_sha256)
         if not any(entry.role == "generation" for entry in manifest.files):
-            raise NotABundle(f"{manifest.key.prefix} is no decoder-LM bundle (it has no tokenizer.json); `generate` "
+            raise NotABundle(f"{manifest.key.prefix} is no decoder-LM bundle (its files have no LLM role); `generate` "
                              "runs bundles built from an `llm:` spec")
         new_tokens = _room_for(folder, manifest.runtime_hints, prompt, new_tokens)
         console.print(escape(prompt), end="", highlight=False)

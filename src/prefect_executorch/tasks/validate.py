@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.manifest import Manifest
 from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.progress import stage
+from prefect_executorch.spec.asr import TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE
 from prefect_executorch.targets import get_target
@@ -56,8 +57,9 @@ def validate_export(spec: BuildSpec, export: ExportedProgramDir, scratch_dir: Pa
             # A decoder LM's own test cases are its prompts and eager's tokens, written once they all pass.
             return _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir,
                              export.path / GENERATION_CASES_FILE)
-        if spec.asr is not None:  # judged by transcript; its clips are not yet the bundle's own cases (docs/asr.md)
-            return _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir, None)
+        if spec.asr is not None:  # a speech model's own test cases are its clips and the program's tokens
+            return _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir,
+                             export.path / TRANSCRIPTION_CASES_FILE)
         skipped = skip_reason(export.path / export.program, spec)
         bundled_out = None if skipped else export.path / BUNDLED_FILE
         report = _validate(spec, title, export.path, export.data_files, export.delegation, scratch_dir, bundled_out)

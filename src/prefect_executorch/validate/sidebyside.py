@@ -56,6 +56,8 @@ class SideBySideRequest(BaseModel):
     reference: str | None = Field(None, description="The current program's outputs (torch.save) when they run apart.")
     generation: bool = Field(False, description="Decoder LMs: the candidate's prompts through both programs' LLM "
                              "runners instead of methods.")
+    speech: bool = Field(False, description="Speech models: the default clips through both programs' encoder and "
+                         "decoder instead of methods.")
 
 
 class MethodComparison(BaseModel):
@@ -226,6 +228,8 @@ def side_by_side_in_child(request: dict[str, Any]) -> SideBySide:
     req = SideBySideRequest.model_validate(request)
     if req.generation:
         return SideBySide(methods=[_generation_side_by_side(req)])
+    if req.speech:
+        return SideBySide(methods=[_speech_side_by_side(req)])
     # TF32 off and the delegate runtime registered (with the program's runtime options: apart, each program has
     # its own process) before ExecuTorch's own runtime loads.
     get_target(req.target).runtime_setup(getattr(req, req.alone or "candidate").runtime_hints)
@@ -260,6 +264,32 @@ def _generation_side_by_side(req: SideBySideRequest) -> MethodComparison:
     return MethodComparison(method="generate", cases=len(compared), disagreeing=len(differing),
                             worst=differing[0].describe() if differing else None,
                             shape_label=f"{cases.new_tokens} new tokens", current=timed[0], candidate=timed[1])
+
+
+def _speech_side_by_side(req: SideBySideRequest) -> MethodComparison:
+    """The default clips through both bundles' programs, as validation drives them (features by the candidate's
+    front-end settings): the same transcripts, and the time of a whole transcription (the first clip's) with their
+    windows interleaved."""
+    from prefect_executorch.spec.asr import DEFAULT_CLIPS
+    from prefect_executorch.spec.speech_model import features_of, load_feature_extractor, made_clip
+    from prefect_executorch.validate.generation import compare_generation
+    from prefect_executorch.validate.transcription import ProgramTranscriber
+
+    current, candidate = (ProgramTranscriber(files.load()) for files in (req.current, req.candidate))
+    new_tokens = candidate.max_new_tokens
+    extractor = load_feature_extractor(req.candidate.dir)
+    clips = {name: features_of(extractor, made_clip(name, extractor.sampling_rate)) for name in DEFAULT_CLIPS}
+    compared = [compare_generation(name, len(candidate.prompt), [str(t) for t in current.transcribe(features, new_tokens)[0]],
+                                   [str(t) for t in candidate.transcribe(features, new_tokens)[0]],
+                                   reference="the current bundle", subject="clip") for name, features in clips.items()]
+    differing = [case for case in compared if not case.passed]
+    first = clips[DEFAULT_CLIPS[0]]
+    timed = measure_together([partial(program.transcribe, first, new_tokens) for program in (current, candidate)],
+                             min_runs=req.validation.latency_runs, warmup=req.validation.latency_warmup,
+                             max_seconds=req.validation.latency_max_s)
+    return MethodComparison(method="transcribe", cases=len(compared), disagreeing=len(differing),
+                            worst=differing[0].describe() if differing else None,
+                            shape_label=f"{new_tokens} new tokens", current=timed[0], candidate=timed[1])
 
 
 def merge_apart(current: SideBySide, candidate: SideBySide) -> SideBySide:

@@ -6,20 +6,30 @@ a quantized one is judged by its agreement with fp32 eager (``asr.min_token_agre
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel, Field
+
+from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.export.quantize import build_facts
 from prefect_executorch.export.speech import DECODER, ENCODER
+from prefect_executorch.isolation import StartMethod, run_isolated
+from prefect_executorch.scratch import scratch_dir
+from prefect_executorch.spec.asr import DEFAULT_CLIPS, TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.speech_model import (
+    Clip,
     decoder_prompt,
     end_ids,
     features_of,
     load_feature_extractor,
     load_speech_model,
     load_speech_tokenizer,
+    made_clip,
+    read_wav,
     validation_clips,
 )
 from prefect_executorch.validate.generation import compare_generation
@@ -29,9 +39,92 @@ from prefect_executorch.validate.report import GateResult, GenerationReport, Gen
 if TYPE_CHECKING:
     import torch
     from tokenizers import Tokenizer
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, WhisperFeatureExtractor
 
     from prefect_executorch.validate.validator import ValidateRequest
+
+
+#: Wall-time limit of a child that runs a bundle's clips again (a small model takes seconds).
+CASES_TIMEOUT_S = 600.0
+
+
+class TranscriptionCases(BaseModel):
+    """What ``transcription_cases.json`` holds: the bundle's own test cases, which `verify` runs again."""
+
+    max_new_tokens: int
+    clips: list[str] = Field(description="Each clip: a default clip's name, or a .wav file the bundle carries.")
+    expected: list[list[int]] = Field(description="The program's tokens per clip when it was validated.")
+
+
+class CasesRequest(BaseModel):
+    """What a child that runs a speech bundle's own cases gets."""
+
+    bundle_dir: str
+    program: str
+    data_files: list[str] = Field(default_factory=list)
+
+
+def bundle_clips(cases: TranscriptionCases, bundle: Path, extractor: WhisperFeatureExtractor) -> list[Clip]:
+    """The cases' clips as samples: made again by name, or read from the bundle's copies."""
+    rate, window = int(extractor.sampling_rate), float(extractor.chunk_length)
+    return [Clip(name=name, samples=made_clip(name, rate) if name in DEFAULT_CLIPS
+                 else read_wav(bundle / name, rate, window, f"{TRANSCRIPTION_CASES_FILE}: clip {name}"))
+            for name in cases.clips]
+
+
+def write_cases(spec: BuildSpec, bundle: Path, cases_file: Path, actual: list[list[int]]) -> None:
+    """The clips and the program's tokens as the bundle's own cases; a spec's .wav clips copied into the bundle."""
+    assert spec.asr is not None
+    names = []
+    for index, clip in enumerate(spec.asr.clips):
+        names.append(f"clip-{index}.wav")
+        shutil.copyfile(clip, bundle / names[-1])
+    cases = TranscriptionCases(max_new_tokens=spec.asr.max_new_tokens, clips=names or list(DEFAULT_CLIPS),
+                               expected=actual)
+    cases_file.write_text(cases.model_dump_json(indent=1))
+
+
+def run_transcription_cases(bundle_dir: Path, program: str, data_files: list[str], *, scratch: Path | None = None,
+                            shown_as: Path | None = None, start: StartMethod | None = None) -> GenerationReport:
+    """Run a speech bundle's own clips on this machine, in a child; ``ValidationFailed`` naming the first that
+    transcribes otherwise."""
+    where = shown_as or bundle_dir
+    if not (bundle_dir / TRANSCRIPTION_CASES_FILE).is_file():
+        raise ValidationFailed(f"{where} has no {TRANSCRIPTION_CASES_FILE} to run (a speech bundle's own clips and "
+                               "tokens); nothing was verified: revalidate it with `prefect-executorch validate`")
+    with scratch_dir("asr", scratch) as work:
+        try:
+            report = run_isolated("verify-transcription", CasesRequest(bundle_dir=str(bundle_dir), program=program,
+                                                                        data_files=data_files),
+                                  GenerationReport, timeout_s=CASES_TIMEOUT_S, scratch_dir=work, start=start,
+                                  what=f"the transcription cases of {where}")
+        except ChildProcessFailed as exc:
+            raise ValidationFailed(f"{exc}; the program did not transcribe on this machine",
+                                   child_output=exc.child_output) from exc
+    failed = report.failed_cases()
+    if failed:
+        raise ValidationFailed(f"{len(failed)} of {len(report.cases)} clips of {where / TRANSCRIPTION_CASES_FILE} "
+                               f"transcribe otherwise on this machine: {failed[0].describe()}; do not deploy it on "
+                               "this machine")
+    return report
+
+
+def verify_transcription_in_child(request: dict[str, Any]) -> GenerationReport:
+    """Child side: each of the bundle's clips through its program, against the tokens it made when validated."""
+    req = CasesRequest.model_validate(request)
+    bundle = Path(req.bundle_dir)
+    cases = TranscriptionCases.model_validate_json((bundle / TRANSCRIPTION_CASES_FILE).read_text())
+    transcriber = ProgramTranscriber(LoadedProgram(bundle / req.program, bundle / req.data_files[0]
+                                                   if req.data_files else None))
+    tokenizer, extractor = load_speech_tokenizer(bundle), load_feature_extractor(bundle)
+    results, timings = [], []
+    for clip, expected in zip(bundle_clips(cases, bundle, extractor), cases.expected, strict=True):
+        actual, timing = transcriber.transcribe(features_of(extractor, clip.samples), cases.max_new_tokens)
+        results.append(compare_generation(clip.name, len(transcriber.prompt), token_pieces(tokenizer, expected),
+                                          token_pieces(tokenizer, actual), reference="its validation", subject="clip"))
+        timings.append(timing)
+    return GenerationReport(new_tokens=cases.max_new_tokens, cases=results, stats=timings,
+                            generated_by=ProgramTranscriber.name)
 
 
 def eager_transcript(model: PreTrainedModel, features: torch.Tensor, prompt: list[int], new_tokens: int,
@@ -54,10 +147,14 @@ class ProgramTranscriber:
     """The program driven as a consumer drives it: ``encoder`` once a clip, then ``text_decoder`` a token a call from
     the start tokens and up to the end ids its metadata names."""
 
+    name = "ExecuTorch's runtime: encoder once, text_decoder a token a call"
+
     def __init__(self, program: LoadedProgram) -> None:
         self.program = program
         self.prompt = [int(token) for token in program.execute("get_decoder_prompt_ids", ())]
         self.ends = {int(token) for token in program.execute("get_eos_ids", ())}
+        #: The most new tokens its cache holds after the start tokens.
+        self.max_new_tokens = int(program.execute("get_max_seq_len", ())[0]) - len(self.prompt)
 
     def transcribe(self, features: torch.Tensor, new_tokens: int) -> tuple[list[int], GenerationStats]:
         """The greedy transcript of ``features`` and its timing (time to the first new token, decode rate)."""
@@ -102,20 +199,24 @@ def validate_transcription(req: ValidateRequest) -> ValidationReport:
     tokenizer = load_speech_tokenizer(spec.model)
     prompt, ends = decoder_prompt(spec, model, tokenizer), set(end_ids(model))
     extractor = load_feature_extractor(bundle)  # the bundle's own front-end settings, as a consumer reads them
-    cases, timings = [], []
+    cases, timings, actuals = [], [], []
     with torch.no_grad():
         for clip in validation_clips(spec, extractor):
             features = features_of(extractor, clip.samples)
             expected = eager_transcript(model, features, prompt, spec.asr.max_new_tokens, ends)
             actual, timing = transcriber.transcribe(features, spec.asr.max_new_tokens)
+            actuals.append(actual)
             cases.append(compare_generation(clip.name, len(prompt), token_pieces(tokenizer, expected),
                                             token_pieces(tokenizer, actual), subject="clip"))
             timings.append(timing)
     report = GenerationReport(new_tokens=spec.asr.max_new_tokens, cases=cases, stats=timings, exact=not spec.quantization,
-                              generated_by="ExecuTorch's runtime: encoder once, text_decoder a token a call")
+                              generated_by=ProgramTranscriber.name)
     gates = [] if report.exact else [agreement_gate(report, spec)]
+    passed = report.passed and all(gate.passed for gate in gates)
+    if req.bundled_out and passed:
+        write_cases(spec, bundle, Path(req.bundled_out), actuals)
     return ValidationReport(
-        passed=report.passed and all(gate.passed for gate in gates), cases=[], load_seconds=load_seconds,
+        passed=passed, cases=[], load_seconds=load_seconds,
         delegates={name: facts.delegates for name, facts in program.facts.items()}, used_data_file=bool(req.data_files),
         gates=gates, delegation=req.delegation, generation=report,
         quantization=build_facts(spec, model, None, 0) if spec.quantization else None,
