@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from prefect_executorch.clips import made_clip
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.export.exporter import export_program
 from prefect_executorch.spec.asr import TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
-from prefect_executorch.spec.speech_model import load_feature_extractor, made_clip, validation_clips
+from prefect_executorch.spec.speech_model import load_feature_extractor, validation_clips
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.testing.tiny_whisper import write_tiny_whisper
 from prefect_executorch.validate.transcription import run_transcription_cases

@@ -28,8 +28,6 @@ ARCHITECTURES = ("whisper",)
 #: The files of a speech model directory that decide a build, where present (weights are every ``*.safetensors``).
 SPEECH_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "added_tokens.json", PREPROCESSOR_FILE)
-#: Clips validated when the spec gives none, made the same way every time (``validate/transcription.py``).
-DEFAULT_CLIPS = ("tone-440hz-1s", "chirp-200-2000hz-2s", "noise-1500ms")
 
 
 class SpeechRecognitionSpec(StrictModel):

@@ -7,8 +7,9 @@ import wave
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from prefect_executorch.clips import DEFAULT_CLIPS, made_clip
 from prefect_executorch.errors import SpecError
-from prefect_executorch.spec.asr import ARCHITECTURES, DEFAULT_CLIPS
+from prefect_executorch.spec.asr import ARCHITECTURES
 from prefect_executorch.spec.buildspec import BuildSpec
 
 if TYPE_CHECKING:
@@ -74,18 +75,6 @@ def end_ids(model: PreTrainedModel) -> list[int]:
     """The model's end-of-transcript ids (its generation config's, else its config's)."""
     ends = getattr(model.generation_config, "eos_token_id", None) or model.config.eos_token_id
     return [int(end) for end in (ends if isinstance(ends, list) else [ends])]
-
-
-def made_clip(name: str, rate: int) -> np.ndarray:
-    """A default validation clip, the same samples every time: a 440 Hz tone, a 200-2000 Hz chirp, seeded noise."""
-    import numpy as np
-
-    if name == "tone-440hz-1s":
-        return (0.3 * np.sin(2 * np.pi * 440 * np.arange(rate) / rate)).astype(np.float32)
-    if name == "chirp-200-2000hz-2s":
-        t = np.arange(2 * rate) / rate
-        return (0.3 * np.sin(2 * np.pi * (200 * t + 450 * t**2))).astype(np.float32)
-    return (0.05 * np.random.default_rng(0).standard_normal(int(1.5 * rate))).astype(np.float32)
 
 
 def read_wav(path: Path, rate: int, window_s: float, field: str) -> np.ndarray:

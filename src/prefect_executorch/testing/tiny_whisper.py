@@ -53,8 +53,7 @@ def _train(model: Any, extractor: Any, tokenizer_file: Path, steps: int) -> None
     import torch
     from tokenizers import Tokenizer
 
-    from prefect_executorch.spec.asr import DEFAULT_CLIPS
-    from prefect_executorch.spec.speech_model import features_of, made_clip
+    from prefect_executorch.clips import DEFAULT_CLIPS, made_clip
 
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     prompt = [SPECIALS.index(token) for token in ("<|startoftranscript|>", "<|en|>", "<|transcribe|>",
@@ -66,7 +65,8 @@ def _train(model: Any, extractor: Any, tokenizer_file: Path, steps: int) -> None
     labels[:, :len(prompt) - 1] = -100  # the forced tokens are given, not learned
     for row, length in enumerate(len(row) for row in rows):
         labels[row, length - 1:] = -100
-    features = torch.cat([features_of(extractor, made_clip(name, extractor.sampling_rate)) for name in DEFAULT_CLIPS])
+    clips = [made_clip(name, extractor.sampling_rate) for name in DEFAULT_CLIPS]
+    features = extractor(clips, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(steps):

@@ -270,8 +270,8 @@ def _speech_side_by_side(req: SideBySideRequest) -> MethodComparison:
     """The default clips through both bundles' programs, as validation drives them (features by the candidate's
     front-end settings): the same transcripts, and the time of a whole transcription (the first clip's) with their
     windows interleaved."""
-    from prefect_executorch.spec.asr import DEFAULT_CLIPS
-    from prefect_executorch.spec.speech_model import features_of, load_feature_extractor, made_clip
+    from prefect_executorch.clips import DEFAULT_CLIPS, made_clip
+    from prefect_executorch.spec.speech_model import features_of, load_feature_extractor
     from prefect_executorch.validate.generation import compare_generation
     from prefect_executorch.validate.transcription import ProgramTranscriber
 

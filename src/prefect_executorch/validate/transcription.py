@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from prefect_executorch.clips import DEFAULT_CLIPS, made_clip
 from prefect_executorch.errors import ChildProcessFailed, ValidationFailed
 from prefect_executorch.export.quantize import build_facts
 from prefect_executorch.export.speech import DECODER, ENCODER
 from prefect_executorch.isolation import StartMethod, run_isolated
 from prefect_executorch.scratch import scratch_dir
-from prefect_executorch.spec.asr import DEFAULT_CLIPS, TRANSCRIPTION_CASES_FILE
+from prefect_executorch.spec.asr import TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.speech_model import (
     Clip,
@@ -28,7 +29,6 @@ from prefect_executorch.spec.speech_model import (
     load_feature_extractor,
     load_speech_model,
     load_speech_tokenizer,
-    made_clip,
     read_wav,
     validation_clips,
 )
