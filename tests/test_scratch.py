@@ -110,3 +110,48 @@ def test_every_temporary_folder_of_the_package_is_made_in_a_scratch_folder() -> 
                     and not any(keyword.arg == "dir" for keyword in node.keywords)):
                 loose.append(f"{source.relative_to(package)}:{node.lineno}")
     assert loose == []
+
+
+_REPORT_CACHES = '''
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from prefect_executorch import isolation
+
+
+class Caches(BaseModel):
+    inductor: str = ""
+    triton: str = ""
+
+
+def report(request: dict) -> Caches:
+    return Caches(inductor=os.environ["TORCHINDUCTOR_CACHE_DIR"], triton=os.environ["TRITON_CACHE_DIR"])
+
+
+# The spawned child imports this script as __mp_main__ and resolves the command there.
+isolation.COMMANDS["report-caches"] = f"{__name__}:report"
+
+if __name__ == "__main__":
+    caches = isolation.run_isolated("report-caches", Caches(), Caches, timeout_s=120, scratch_dir=Path(sys.argv[1]),
+                                    start="spawn")
+    print(caches.model_dump_json())
+'''
+
+
+def test_a_childs_compile_caches_are_its_own_under_scratch(tmp_path: Path) -> None:
+    """Inductor's and Triton's caches default to one folder per user, where concurrent builds of one graph race."""
+    script, scratch = tmp_path / "report_caches.py", tmp_path / "scratch"
+    script.write_text(_REPORT_CACHES)
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, str(script), str(scratch)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    caches = json.loads(done.stdout.splitlines()[-1])
+    for path in caches.values():
+        assert Path(path).parent.parent == scratch and Path(path).parent.name.startswith(".report-caches-"), caches
+    assert caches["inductor"] != caches["triton"]
+    assert list(scratch.iterdir()) == []  # gone with the child's folder
