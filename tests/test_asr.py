@@ -5,6 +5,7 @@ transcript it produces against eager PyTorch."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -18,9 +19,9 @@ import pytest
 from prefect_executorch.clips import made_clip
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.export.exporter import export_program
-from prefect_executorch.spec.asr import TRANSCRIPTION_CASES_FILE
+from prefect_executorch.spec.asr import SPEECH_METADATA, TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
-from prefect_executorch.spec.speech_model import load_feature_extractor, validation_clips
+from prefect_executorch.spec.speech_model import load_feature_extractor, load_speech_tokenizer, validation_clips
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.testing.tiny_whisper import write_tiny_whisper
 from prefect_executorch.validate.transcription import run_transcription_cases
@@ -121,7 +122,7 @@ def built(whisper: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
 def test_a_user_builds_a_whisper_directory_and_its_transcripts_are_eagers(built: tuple[Path, Path]) -> None:
     _, bundle = built
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert {"encoder", "text_decoder"} <= set(manifest["methods"])
+    assert set(manifest["methods"]) == {"encoder", "text_decoder", *SPEECH_METADATA}
     files = {entry["path"] for entry in manifest["files"]}
     assert {"model.pte", "tokenizer.json", "preprocessor_config.json"} <= files  # what a consumer's front end reads
     cases = json.loads((bundle / "validation.json").read_text())["generation"]["cases"]
@@ -182,3 +183,24 @@ def test_a_quantized_build_passes_its_agreement_gate_at_a_fraction_of_the_size(
     assert report.passed and gate.gate == "min_token_agreement" and gate.measured is not None and gate.measured >= 0.9
     assert report.quantization is not None and report.quantization.scheme == "int8da4w"
     assert (export.path / "model.pte").stat().st_size < 0.75 * (bundle / "model.pte").stat().st_size
+
+
+def test_transcribe_prints_a_wav_files_text_as_validated_and_its_real_time_factor(
+        built: tuple[Path, Path], tmp_path: Path) -> None:
+    root, bundle = built
+    clip = write_wav(tmp_path / "chirp.wav", made_clip("chirp-200-2000hz-2s", 16000))
+    # By its model name in the store, as a user runs it: the newest version that runs here.
+    done = subprocess.run([*CLI, "transcribe", "tiny-whisper", str(clip), "--store", str(root / "store")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    [case] = [case for case in json.loads((bundle / "validation.json").read_text())["generation"]["cases"]
+              if case["prompt"] == "chirp-200-2000hz-2s"]
+    tokenizer = load_speech_tokenizer(bundle)
+    tokens = [tokenizer.token_to_id(piece) for piece in case["actual"]]  # the report spells tokens as pieces
+    assert done.stdout.strip() == tokenizer.decode(tokens, skip_special_tokens=True).strip() != ""
+    rtf = re.search(r"real-time factor (\d+\.\d+): .* for 2\.00 s of audio", done.stderr)
+    assert rtf and float(rtf.group(1)) > 0, done.stderr
+    slow = write_wav(tmp_path / "slow.wav", np.zeros(8000), rate=8000)
+    done = subprocess.run([*CLI, "transcribe", str(bundle), str(slow)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        f"SpecError: AUDIO: {slow} is sampled at 8000 Hz; the model's feature extractor takes 16000 Hz: resample it")

@@ -69,7 +69,7 @@ def test_an_llm_spec_names_a_model_directory_and_takes_defaults(tmp_path: Path) 
     ({"llm": {"prompts": ["  "]}}, "prompts[0] is empty"),
     ({"llm": {"max_seq_lenn": 64}}, "did you mean 'max_seq_len'"),
     ({"llm": None, "model": "models.py:make", "quantization": {"scheme": "int8da4w", "embeddings": "int4"}},
-     "quantization.embeddings: applies to an `llm:` spec's token embeddings only"),
+     "quantization.embeddings: applies to the token embeddings of an `llm:` or `asr:` spec's model only"),
     ({"quantization": {"scheme": "int8da4w", "embeddings": "int2"}}, "quantization.embeddings"),
 ])
 def test_a_wrong_llm_spec_is_refused_in_its_own_words(extra: dict[str, Any], message: str) -> None:

@@ -47,6 +47,7 @@ COMMANDS: dict[str, str] = {
     "verify-generation": "prefect_executorch.validate.llm_runner:verify_generation_in_child",
     "generate": "prefect_executorch.validate.llm_runner:generate_in_child",
     "verify-transcription": "prefect_executorch.validate.transcription:verify_transcription_in_child",
+    "transcribe": "prefect_executorch.validate.transcription:transcribe_in_child",
     "write-cpp-cases": "prefect_executorch.validate.cpp_consumer:write_cases_in_child",
 }
 #: What the forkserver imports once, so that children do not (missing ones are skipped). Never the

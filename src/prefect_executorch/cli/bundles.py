@@ -1,4 +1,4 @@
-"""Commands over published bundles: ``inspect``, ``verify``, ``pull``, ``promote``, ``generate``, ``ls``, ``gc``."""
+"""Commands over published bundles: ``inspect``, ``verify``, ``pull``, ``promote``, ``generate``, ``transcribe``, ``ls``, ``gc``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from prefect_executorch.cli.app import (
     open_for_reading,
     server_configured,
 )
-from prefect_executorch.cli.render import SIGNED, UNSIGNED, count_names, generated_by, rows_table
+from prefect_executorch.cli.render import METADATA_METHODS, SIGNED, UNSIGNED, count_names, generated_by, rows_table
 from prefect_executorch.defaults import GC_GRACE_HOURS, MAX_LATENCY_REGRESSION
 from prefect_executorch.errors import NotABundle, SpecError
 
@@ -37,8 +37,6 @@ def inspect(
     from prefect_executorch.artifacts.publishing import verify_bundle_dir
     from prefect_executorch.artifacts.signing import SIGNATURE_FILE
     from prefect_executorch.program import read_program
-    from prefect_executorch.spec.llm import RUNNER_METADATA
-
     manifest = verify_bundle_dir(bundle_dir)
     if as_json:
         sys.stdout.write(manifest.model_dump_json(indent=2) + "\n")
@@ -48,8 +46,8 @@ def inspect(
     console.print(f"compat {manifest.compat}; built {manifest.created_at:%Y-%m-%d %H:%M}Z by {manifest.builder}")
     fractions = manifest.validation.delegated_fraction
     for name, method in facts.items():
-        if name in RUNNER_METADATA:
-            continue  # an LLM's metadata for its runner: constants, no computation
+        if name in METADATA_METHODS:
+            continue  # an LLM's or a speech model's metadata for its consumer: constants, no computation
         fraction = fractions.get(name)
         share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""
         console.print(f"  {name}: delegates {count_names(method.delegates)}{share}; "
@@ -219,29 +217,11 @@ def generate(
     """Continue PROMPT with a decoder-LM bundle (ExecuTorch's LLM runner; a cuda bundle one token per call); print the text and its speed.
 
     A model name without --version or --alias runs its newest version that fits this machine, and says which."""
-    from prefect_executorch.artifacts import publishing
-    from prefect_executorch.artifacts.manifest import MANIFEST_FILE
     from prefect_executorch.scratch import scratch_dir
     from prefect_executorch.validate.llm_runner import generate as run_generate
 
     with scratch_dir("generate") as scratch:
-        # A model name is one path segment; a folder is a path, or the folder of a bundle here.
-        if "/" in bundle or (Path(bundle) / MANIFEST_FILE).is_file():
-            folder, manifest = Path(bundle), publishing.verify_bundle_dir(Path(bundle))
-        else:
-            from prefect_executorch.artifacts.catalog import newest_fitting_version, resolve
-            from prefect_executorch.machine.toolchain import probe
-
-            opened = open_for_reading(store, endpoint_url)
-            toolchain = probe()
-            if version is None and alias is None:
-                version = newest_fitting_version(opened, bundle, toolchain)
-                err_console.print(f"{bundle} {version}: the newest version that runs here (choose with --version or "
-                                  "--alias)", highlight=False)
-            resolved = resolve(opened, bundle, version=version, alias=alias, compat="auto", toolchain=toolchain,
-                               command="generate")
-            folder = scratch / "bundle"
-            manifest = publishing.pull(opened, resolved.key, folder, manifest_sha256=resolved.manifest_sha256)
+        folder, manifest = _bundle_here(bundle, version, alias, store, endpoint_url, scratch, "generate")
         if not any(entry.role == "generation" for entry in manifest.files):
             raise NotABundle(f"{manifest.key.prefix} is no decoder-LM bundle (its files have no LLM role); `generate` "
                              "runs bundles built from an `llm:` spec")
@@ -262,6 +242,73 @@ def generate(
         ("prefill", stats.prefill_tokens_per_s, " tokens/s"), ("decode", stats.decode_tokens_per_s, " tokens/s"),
         ("first token", stats.time_to_first_token_ms, " ms")) if value is not None]
     err_console.print(f"{len(generated.pieces)} tokens by {generated.generated_by}; " + ", ".join(speeds), highlight=False)
+
+
+def _bundle_here(bundle: str, version: str | None, alias: str | None, store: str | None, endpoint_url: str | None,
+                 scratch: Path, command: str) -> tuple[Path, Any]:
+    """BUNDLE's folder and verified manifest: the folder itself, or its model's version pulled into ``scratch`` (the
+    newest that runs here when neither ``version`` nor ``alias`` is given, said)."""
+    from prefect_executorch.artifacts import publishing
+    from prefect_executorch.artifacts.manifest import MANIFEST_FILE
+
+    # A model name is one path segment; a folder is a path, or the folder of a bundle here.
+    if "/" in bundle or (Path(bundle) / MANIFEST_FILE).is_file():
+        return Path(bundle), publishing.verify_bundle_dir(Path(bundle))
+    from prefect_executorch.artifacts.catalog import newest_fitting_version, resolve
+    from prefect_executorch.machine.toolchain import probe
+
+    opened = open_for_reading(store, endpoint_url)
+    toolchain = probe()
+    if version is None and alias is None:
+        version = newest_fitting_version(opened, bundle, toolchain)
+        err_console.print(f"{bundle} {version}: the newest version that runs here (choose with --version or --alias)",
+                          highlight=False)
+    resolved = resolve(opened, bundle, version=version, alias=alias, compat="auto", toolchain=toolchain,
+                       command=command)
+    folder = scratch / "bundle"
+    return folder, publishing.pull(opened, resolved.key, folder, manifest_sha256=resolved.manifest_sha256)
+
+
+@app.command()
+@handle_errors
+def transcribe(
+    bundle: str = typer.Argument(..., metavar="BUNDLE", help="A speech bundle: its folder, or its model name in the store."),
+    audio: Path = typer.Argument(..., metavar="AUDIO", help="A 16-bit PCM WAV file at the model's sampling rate, no "
+                                 "longer than its encoder's window (30 s for Whisper)."),
+    max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="Tokens to transcribe at most "
+                                              "(greedy; default: as many as the bundle's decoder cache holds)."),
+    version: str | None = typer.Option(None, "--version", help="Version to use (with a model name; default: the newest "
+                                       "that runs on this machine)."),
+    alias: str | None = typer.Option(None, "--alias", help="Alias to use (with a model name): prod, staging..."),
+    store: StoreOption = None,
+    endpoint_url: EndpointOption = None,
+) -> None:
+    """Transcribe AUDIO with a speech bundle (its encoder once, its decoder a token a call); print the text, then its
+    real-time factor.
+
+    A model name without --version or --alias runs its newest version that fits this machine, and says which."""
+    from prefect_executorch.scratch import scratch_dir
+    from prefect_executorch.validate.transcription import transcribe as run_transcribe
+
+    if not audio.is_file():
+        raise SpecError(f"AUDIO: {audio} is not a file; give a 16-bit PCM WAV file")
+    with scratch_dir("transcribe") as scratch:
+        folder, manifest = _bundle_here(bundle, version, alias, store, endpoint_url, scratch, "transcribe")
+        if not any(entry.role == "speech" for entry in manifest.files):
+            raise NotABundle(f"{manifest.key.prefix} is no speech bundle (its files have no speech role); `transcribe` "
+                             "runs bundles built from an `asr:` spec")
+        transcript = run_transcribe(folder, manifest.program, manifest.data_files, audio, max_new_tokens,
+                                    start="spawn")
+    console.print(escape(transcript.text), highlight=False)
+    if transcript.capped_at is not None:
+        err_console.print(f"--max-new-tokens {max_new_tokens}: this bundle's decoder cache holds {transcript.capped_at} "
+                          "new tokens; transcribed at most that many", highlight=False)
+    decode = transcript.stats.decode_tokens_per_s
+    err_console.print(
+        f"real-time factor {transcript.real_time_factor:.3f}: {transcript.features_s + transcript.program_s:.2f} s for "
+        f"{transcript.audio_s:.2f} s of audio (features {transcript.features_s * 1000:.0f} ms, encoder and start "
+        f"tokens {transcript.stats.time_to_first_token_ms or 0:.0f} ms, {len(transcript.tokens)} tokens"
+        + (f" at {decode:,.0f} tokens/s" if decode else "") + f") through {manifest.target}", highlight=False)
 
 
 def _room_for(bundle: Path, hints: dict[str, Any], prompt: str, new_tokens: int) -> int:

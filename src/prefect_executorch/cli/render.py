@@ -9,6 +9,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from prefect_executorch.cli.app import console, err_console
+from prefect_executorch.spec.asr import SPEECH_METADATA
+from prefect_executorch.spec.llm import RUNNER_METADATA
+
+#: Constant methods of LLM and speech programs: what their consumers read, no computation to list.
+METADATA_METHODS = frozenset(RUNNER_METADATA) | frozenset(SPEECH_METADATA)
 
 
 class LiveView:
@@ -75,8 +80,6 @@ def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     """Where the bundle is, what it runs on and how it validated; fresh build or cache hit; each stage's time."""
     from prefect_executorch.artifacts.publishing import is_signed, read_manifest
     from prefect_executorch.artifacts.urls import open_store
-    from prefect_executorch.spec.llm import RUNNER_METADATA
-
     store = open_store(ref.store)
     manifest, _ = read_manifest(store, ref.key)
     worst = worst_per_method(store, ref.key)
@@ -85,7 +88,7 @@ def print_build_summary(ref: Any, seconds: dict[str, float]) -> None:
     console.print(f"compat {manifest.compat}; manifest sha256 {ref.manifest_sha256}")
     fractions = manifest.validation.delegated_fraction
     for method, delegates in manifest.delegates().items():
-        if method in RUNNER_METADATA:
+        if method in METADATA_METHODS:
             continue
         fraction = fractions.get(method)
         share = f", {fraction:.0%} of operators delegated" if fraction is not None else ""

@@ -121,7 +121,9 @@ def quantize_model(model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
     model = copy.deepcopy(model)
     quantize_(model, _torchao_config(quantization), filter_fn=_quantizable(quantization))
     if quantization.embeddings:
-        _quantize_embeddings(model, quantization.embeddings)
+        # A Hugging Face model's token table only: a speech encoder reads its positions' table as a whole weight.
+        tokens: torch.nn.Module = getattr(model, "get_input_embeddings", lambda: model)()
+        _quantize_embeddings(tokens, quantization.embeddings)
     # Plain tensors for torch.export, as ExecuTorch's source-transform stage leaves them.
     unwrap_tensor_subclass(model)
     return model

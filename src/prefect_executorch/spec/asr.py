@@ -23,6 +23,8 @@ from prefect_executorch.spec.base import StrictModel
 PREPROCESSOR_FILE = "preprocessor_config.json"
 #: The bundle's own test cases: each clip's name and the program's tokens when validated.
 TRANSCRIPTION_CASES_FILE = "transcription_cases.json"
+#: The constant methods a consumer drives a speech program by (``export/speech.py`` answers each).
+SPEECH_METADATA = ("get_decoder_prompt_ids", "get_eos_ids", "get_max_seq_len", "get_vocab_size", "get_feature_shape")
 #: Config ``model_type``s this section builds (ExecuTorch's and optimum-executorch's ASR exports are Whisper's).
 ARCHITECTURES = ("whisper",)
 #: The files of a speech model directory that decide a build, where present (weights are every ``*.safetensors``).

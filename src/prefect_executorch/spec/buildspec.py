@@ -138,8 +138,9 @@ class BuildSpec(StrictModel):
         if self.llm is not None and self.asr is not None:
             raise ValueError("llm, asr: a spec builds one model kind; keep one section")
         section = "llm" if self.llm is not None else "asr" if self.asr is not None else None
-        if self.quantization is not None and self.quantization.embeddings is not None and self.llm is None:
-            raise ValueError("quantization.embeddings: applies to an `llm:` spec's token embeddings only; remove it")
+        if self.quantization is not None and self.quantization.embeddings is not None and section is None:
+            raise ValueError("quantization.embeddings: applies to the token embeddings of an `llm:` or `asr:` spec's "
+                             "model only; remove it")
         if section is None:
             if not self.methods:
                 raise ValueError("methods: give at least one method (or an `llm:` or `asr:` section for a Hugging "

@@ -34,8 +34,8 @@ class QuantizationSpec(StrictModel):
     group_size: int | None = Field(None, ge=2, description="Weights per scale of int8da4w (default 32).")
     calibration: CalibrationSpec | None = Field(None, description="int8-static, int8, fp8; default: the validation samples.")
     embeddings: Literal["int8", "int4"] | None = Field(
-        None, description="`llm:` specs: the token embedding table in 8 or 4 bits (ExecuTorch's quantized embedding "
-        "kernels); default float.")
+        None, description="`llm:` and `asr:` specs: the token embedding table in 8 or 4 bits (ExecuTorch's quantized "
+        "embedding kernels); default float.")
 
     @field_validator("scheme")
     @classmethod

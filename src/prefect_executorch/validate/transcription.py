@@ -64,6 +64,31 @@ class CasesRequest(BaseModel):
     data_files: list[str] = Field(default_factory=list)
 
 
+class TranscribeRequest(CasesRequest):
+    """What the child that transcribes a user's audio file with a speech bundle gets."""
+
+    audio: str
+    max_new_tokens: int | None = Field(default=None, description="None: as many as the decoder's cache holds.")
+
+
+class Transcript(BaseModel):
+    """One audio file transcribed by a bundle's program, and what it took."""
+
+    text: str
+    tokens: list[int]
+    audio_s: float
+    features_s: float = Field(description="The log-mel front end (the bundle's preprocessor settings).")
+    program_s: float = Field(description="The encoder once and the decoder a token a call.")
+    stats: GenerationStats
+    capped_at: int | None = Field(default=None, description="The new tokens the cache holds, where fewer than asked "
+                                  "and the transcript filled them.")
+
+    @property
+    def real_time_factor(self) -> float:
+        """Seconds of work per second of audio: front end and program."""
+        return (self.features_s + self.program_s) / self.audio_s
+
+
 def bundle_clips(cases: TranscriptionCases, bundle: Path, extractor: WhisperFeatureExtractor) -> list[Clip]:
     """The cases' clips as samples: made again by name, or read from the bundle's copies."""
     rate, window = int(extractor.sampling_rate), float(extractor.chunk_length)
@@ -125,6 +150,37 @@ def verify_transcription_in_child(request: dict[str, Any]) -> GenerationReport:
         timings.append(timing)
     return GenerationReport(new_tokens=cases.max_new_tokens, cases=results, stats=timings,
                             generated_by=ProgramTranscriber.name)
+
+
+def transcribe(bundle_dir: Path, program: str, data_files: list[str], audio: Path, max_new_tokens: int | None,
+               *, start: StartMethod | None = None) -> Transcript:
+    """``audio`` (a WAV file) transcribed greedily by the bundle's program, in a child."""
+    with scratch_dir("transcribe") as work:
+        return run_isolated("transcribe", TranscribeRequest(bundle_dir=str(bundle_dir), program=program,
+                                                            data_files=data_files, audio=str(audio.resolve()),
+                                                            max_new_tokens=max_new_tokens),
+                            Transcript, timeout_s=CASES_TIMEOUT_S, scratch_dir=work, start=start,
+                            what=f"transcription of {audio} with {bundle_dir}")
+
+
+def transcribe_in_child(request: dict[str, Any]) -> Transcript:
+    """Child side: the audio's features, then the program from its start tokens to an end id or the token limit."""
+    req = TranscribeRequest.model_validate(request)
+    bundle = Path(req.bundle_dir)
+    extractor, tokenizer = load_feature_extractor(bundle), load_speech_tokenizer(bundle)
+    rate = int(extractor.sampling_rate)
+    samples = read_wav(Path(req.audio), rate, float(extractor.chunk_length), "AUDIO")
+    transcriber = ProgramTranscriber(LoadedProgram(bundle / req.program, bundle / req.data_files[0]
+                                                   if req.data_files else None))
+    room = transcriber.max_new_tokens
+    started = time.perf_counter()
+    features = features_of(extractor, samples)
+    featured = time.perf_counter()
+    tokens, stats = transcriber.transcribe(features, min(req.max_new_tokens or room, room))
+    return Transcript(text=tokenizer.decode(tokens, skip_special_tokens=True).strip(), tokens=tokens,
+                      audio_s=len(samples) / rate, features_s=featured - started,
+                      program_s=time.perf_counter() - featured, stats=stats,
+                      capped_at=room if (req.max_new_tokens or 0) > room == len(tokens) else None)
 
 
 def eager_transcript(model: PreTrainedModel, features: torch.Tensor, prompt: list[int], new_tokens: int,
