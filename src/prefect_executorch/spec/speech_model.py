@@ -26,8 +26,9 @@ class Clip(NamedTuple):
     samples: np.ndarray
 
 
-def load_speech_model(spec: BuildSpec) -> PreTrainedModel:
-    """The model directory's speech encoder-decoder in float32, eval mode, loaded from local files only."""
+def load_speech_model(spec: BuildSpec, attention: str | None = None) -> PreTrainedModel:
+    """The model directory's speech encoder-decoder in float32, eval mode, loaded from local files only, with
+    transformers' ``attention`` implementation (default: its own choice)."""
     import torch
     from transformers import AutoConfig, WhisperForConditionalGeneration
 
@@ -35,8 +36,8 @@ def load_speech_model(spec: BuildSpec) -> PreTrainedModel:
     if getattr(config, "model_type", None) not in ARCHITECTURES:
         raise SpecError(f"model: architecture {config.model_type!r} ({spec.model}) is not supported by `asr`; "
                         f"supported: {', '.join(ARCHITECTURES)} (docs/asr.md)")
-    return WhisperForConditionalGeneration.from_pretrained(spec.model, local_files_only=True,
-                                                           dtype=torch.float32).eval()
+    return WhisperForConditionalGeneration.from_pretrained(spec.model, local_files_only=True, dtype=torch.float32,
+                                                           attn_implementation=attention).eval()
 
 
 def load_feature_extractor(model_dir: str | Path) -> WhisperFeatureExtractor:

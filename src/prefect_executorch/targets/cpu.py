@@ -77,12 +77,17 @@ class CpuTarget(Target):
     def to_executorch(self, edge: Any, spec: BuildSpec) -> Any:
         """The edge program as an ExecuTorch program, weights inline or tagged for the ``.ptd``."""
         from executorch.exir import ExecutorchBackendConfig
+        from executorch.exir.passes import MemoryPlanningPass
 
         # Quantized embeddings (torchao's dequantize + embedding) become ExecuTorch's quantized embedding kernels
         # in this pass; nothing else runs torchao's dequantize.
         fuse = spec.quantization is not None and spec.quantization.embeddings is not None
+        # A speech decoder takes every layer's cross-attention keys and values on every token (18 MB at whisper-tiny's
+        # size): planned inputs would be copied in each call, unplanned ones are read where the caller holds them.
+        planning = MemoryPlanningPass(alloc_graph_input=spec.asr is None)
         return edge.to_executorch(ExecutorchBackendConfig(
-            external_constants=_weights_tag if spec.external_weights else False, do_quant_fusion_and_const_prop=fuse))
+            external_constants=_weights_tag if spec.external_weights else False, do_quant_fusion_and_const_prop=fuse,
+            memory_planning_pass=planning))
 
     def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path,
               constant_methods: dict[str, Any] | None = None) -> Lowered:

@@ -216,17 +216,18 @@ class ProgramTranscriber:
         """The greedy transcript of ``features`` and its timing (time to the first new token, decode rate)."""
 
         started = time.perf_counter()
-        hidden = self.program.execute(ENCODER, (features,))[0]
+        # Every layer's cross-attention keys and values (a program built before them: the encoder's states).
+        states = self.program.execute(ENCODER, (features,))
         tokens: list[int] = []
         logits: Any = None
         for position, token in enumerate(self.prompt):
-            logits = self._decode(token, hidden, position)
+            logits = self._decode(token, states, position)
         first = time.perf_counter()
         while True:
             tokens.append(int(logits[0, -1].argmax()))
             if len(tokens) == new_tokens or tokens[-1] in self.ends:
                 break
-            logits = self._decode(tokens[-1], hidden, len(self.prompt) + len(tokens) - 1)
+            logits = self._decode(tokens[-1], states, len(self.prompt) + len(tokens) - 1)
         ended = time.perf_counter()
         return tokens, GenerationStats(
             time_to_first_token_ms=(first - started) * 1000,
@@ -234,10 +235,10 @@ class ProgramTranscriber:
             prefill_tokens_per_s=len(self.prompt) / (first - started),
         )
 
-    def _decode(self, token: int, hidden: torch.Tensor, position: int) -> torch.Tensor:
+    def _decode(self, token: int, states: list[torch.Tensor], position: int) -> torch.Tensor:
         import torch
 
-        return self.program.execute(DECODER, (torch.tensor([[token]]), hidden, torch.tensor([position])))[0]
+        return self.program.execute(DECODER, (torch.tensor([[token]]), *states, torch.tensor([position])))[0]
 
 
 def validate_transcription(req: ValidateRequest) -> ValidationReport:
