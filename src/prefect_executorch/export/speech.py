@@ -79,8 +79,19 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
     """transformers' static-cache decoder wrapper over ``model``, its cross-attention read from the encoder method's
     keys and values (inputs, one a tensor) instead of projected from the encoder's states on every call."""
     import torch
-    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+    from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
     from transformers.integrations.executorch import Seq2SeqLMDecoderExportableModuleWithStaticCache
+
+    def holding(cross_attention: tuple[torch.Tensor, ...]) -> DynamicCache:
+        # Each layer's keys and values as they are: DynamicCache's own fill concatenates them onto an empty tensor,
+        # which would copy every one on every token.
+        cache = DynamicCache()
+        for index in range(0, len(cross_attention), 2):
+            layer = DynamicLayer()
+            layer.lazy_initialization(cross_attention[index], cross_attention[index + 1])
+            layer.keys, layer.values = cross_attention[index], cross_attention[index + 1]
+            cache.layers.append(layer)
+        return cache
 
     class WithLmHead(torch.nn.Module):  # the wrapper reads ``lm_head``: Whisper's is ``proj_out``
         def __init__(self) -> None:
@@ -97,9 +108,7 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
                 layer.cumulative_length.copy_(cache_position[0])
             # A cross-attention cache that holds every layer's keys and values counts as updated: WhisperAttention
             # reads it and leaves the encoder's states (here only the flag that the layer cross-attends) alone.
-            layers = [(cross_attention[2 * layer], cross_attention[2 * layer + 1])
-                      for layer in range(len(cross_attention) // 2)]
-            cache = EncoderDecoderCache(self.static_cache, DynamicCache(layers))
+            cache = EncoderDecoderCache(self.static_cache, holding(cross_attention))
             outputs = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=cross_attention[0], cache=cache,
                                    use_cache=True)
             return self.lm_head(outputs[0])  # type: ignore[no-any-return]
