@@ -32,6 +32,35 @@ if TYPE_CHECKING:
 ENCODER, DECODER = "encoder", "text_decoder"
 
 
+#: transformers' name of the attention the program is exported with (``speech_attention``).
+SPEECH_ATTENTION = "executorch_speech"
+#: Set on a decoder layer's cross-attention module: its keys come transposed, ``[batch, heads, head dim, frames]``.
+KEYS_TRANSPOSED = "keys_transposed"
+
+
+def speech_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                     **_: Any) -> tuple[torch.Tensor, None]:
+    """Whisper's eager attention (matmuls and a softmax, which XNNPACK takes whole) as 3-D batched matmuls of views.
+
+    A 4-D ``matmul`` lowers with a copy of each operand it expands and of the keys it transposes: every layer's
+    cross-attention keys and values, on every token. Here the cross-attention keys come transposed from the encoder
+    method, so a decoder step copies none of them.
+    """
+    import torch
+
+    batch, heads, length, dim = query.shape
+    rows = batch * heads
+    keys = key.reshape(rows, dim, -1) if getattr(module, KEYS_TRANSPOSED, False) else \
+        key.reshape(rows, -1, dim).transpose(1, 2)
+    scores = torch.bmm(query.reshape(rows, length, dim), keys) * (dim**-0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores = (scores.view(batch, heads, length, -1) + attention_mask).view(rows, length, -1)
+    weights = torch.nn.functional.softmax(scores, dim=-1)
+    output = torch.bmm(weights, value.reshape(rows, -1, dim)).view(batch, heads, length, dim)
+    return output.transpose(1, 2).contiguous(), None
+
+
 def cache_length(prompt: list[int], max_new_tokens: int) -> int:
     """The decoder's static cache: the forced prompt and every new token."""
     return len(prompt) + max_new_tokens
@@ -69,8 +98,10 @@ def encoder_module(model: PreTrainedModel) -> torch.nn.Module:
             states = self.encoder(input_features=input_features).last_hidden_state
             shape = (states.shape[0], -1, model.config.decoder_attention_heads,
                      model.config.d_model // model.config.decoder_attention_heads)
-            # As WhisperAttention projects them: [batch, heads, frames, head dim].
-            return tuple(projection(states).view(shape).transpose(1, 2).contiguous() for projection in self.projections)
+            # As WhisperAttention projects them, [batch, heads, frames, head dim]; keys transposed for speech_attention.
+            return tuple(projection(states).view(shape).permute(0, 2, 3, 1).contiguous() if index % 2 == 0
+                         else projection(states).view(shape).transpose(1, 2).contiguous()
+                         for index, projection in enumerate(self.projections))
 
     return SpeechEncoder().eval()
 
@@ -113,6 +144,8 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
                                    use_cache=True)
             return self.lm_head(outputs[0])  # type: ignore[no-any-return]
 
+    for layer in model.get_decoder().layers:
+        setattr(layer.encoder_attn, KEYS_TRANSPOSED, True)
     return CrossCachedDecoder(WithLmHead(), max_static_cache_length=length, batch_size=1)
 
 
@@ -124,7 +157,12 @@ def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowere
     assert spec.asr is not None
     # Attention as matmuls and a softmax, which XNNPACK takes whole: SDPA's decomposition leaves its masked-row
     # handling (eq, any, where over every head's 1500 x 1500 scores) to portable kernels, the encoder 2.4x slower.
-    loaded = load_speech_model(spec, attention="eager")
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(SPEECH_ATTENTION, speech_attention)
+    AttentionMaskInterface.register(SPEECH_ATTENTION, eager_mask)  # additive masks, as eager attention takes them
+    loaded = load_speech_model(spec, attention=SPEECH_ATTENTION)
     prompt = decoder_prompt(spec, loaded, load_speech_tokenizer(spec.model))
     length = cache_length(prompt, spec.asr.max_new_tokens)
     positions = loaded.config.max_target_positions
