@@ -120,6 +120,12 @@ def main() -> int:
     if not 0 < args.audio_s <= 30:
         parser.error("--audio-s: give 0 to 30 seconds (Whisper's window)")
 
+    # The runtime logs to the process's stdout from C++, flushed whenever: to stderr with it, so that the RESULT
+    # line stays the last of stdout.
+    sys.stdout.flush()
+    sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
     import torch
 
     torch.set_num_threads(args.threads)

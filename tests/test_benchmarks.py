@@ -76,6 +76,7 @@ SMOKE_RUNS = [
     ("quantization.py", ["--smoke", "--rounds", "3", "--runs", "5"], "quantization"),
     ("fleet.py", ["--smoke"], "fleet"),
     ("llm.py", ["--smoke", "--rounds", "3", "--new-tokens", "16"], "llm"),
+    ("asr.py", ["--smoke", "--rounds", "3"], "asr"),
     ("cpp_consumer.py", ["--calls", "20", "--rounds", "3"], "cpp_consumer"),
 ]
 
