@@ -124,7 +124,10 @@ def test_a_user_builds_a_whisper_directory_and_its_transcripts_are_eagers(built:
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert set(manifest["methods"]) == {"encoder", "text_decoder", *SPEECH_METADATA}
     files = {entry["path"] for entry in manifest["files"]}
-    assert {"model.pte", "tokenizer.json", "preprocessor_config.json"} <= files  # what a consumer's front end reads
+    # What a consumer's front end reads, and ExecuTorch's front end as a program of its own.
+    assert {"model.pte", "tokenizer.json", "preprocessor_config.json", "preprocessor.pte"} <= files
+    [gate] = json.loads((bundle / "validation.json").read_text())["gates"]
+    assert gate["gate"] == "feature_atol" and gate["passed"] and 0 < gate["measured"] <= 1e-3, gate
     cases = json.loads((bundle / "validation.json").read_text())["generation"]["cases"]
     assert [case["prompt"] for case in cases] == ["tone-440hz-1s", "chirp-200-2000hz-2s", "noise-1500ms"]
     for case in cases:
@@ -158,6 +161,16 @@ def test_a_spec_s_wav_clips_travel_in_the_bundle_and_a_changed_case_fails_verify
         run_transcription_cases(bundle, "model.pte", [])
 
 
+def test_a_front_end_program_off_the_feature_extractor_fails_its_gate_naming_the_clip(
+        built: tuple[Path, Path], tmp_path: Path, whisper: Path) -> None:
+    _, bundle = built
+    report = validate_program(asr_spec(whisper, asr={**ASR, "feature_atol": 1e-9}), bundle, [], scratch_dir=tmp_path)
+    [gate] = report.gates
+    assert not report.passed and gate.gate == "feature_atol" and gate.measured is not None and gate.measured > 1e-9
+    assert re.search(r"largest log-mel difference from WhisperFeatureExtractor's .* \(clip '[a-z0-9-]+'\), at most "
+                     r"1e-09 allowed", gate.detail), gate.detail
+
+
 def test_a_program_whose_transcript_departs_from_eager_is_refused_naming_the_clip_and_both_tokens(
         built: tuple[Path, Path], tmp_path: Path) -> None:
     _, bundle = built
@@ -168,7 +181,7 @@ def test_a_program_whose_transcript_departs_from_eager_is_refused_naming_the_cli
     assert "clip 'tone-440hz-1s': new token 0 is " in str(caught.value) and "where eager generates" in str(caught.value)
     # Judged as a quantized build would be: by its agreement gate, which names what it measured.
     report = validate_program(asr_spec(other, quantization={"scheme": "int8da4w"}), bundle, [], scratch_dir=tmp_path)
-    [gate] = report.gates
+    [gate] = [gate for gate in report.gates if gate.gate == "min_token_agreement"]
     assert not report.passed and not gate.passed and gate.measured is not None and gate.measured < 0.9, gate
     assert "of fp32 eager's transcript tokens the same" in gate.detail
 
@@ -179,8 +192,9 @@ def test_a_quantized_build_passes_its_agreement_gate_at_a_fraction_of_the_size(
     spec = asr_spec(whisper, version="1-q", quantization={"scheme": "int8da4w"})
     export = export_program(spec, tmp_path)
     report = validate_program(spec, export.path, export.data_files, scratch_dir=tmp_path)
-    [gate] = report.gates
-    assert report.passed and gate.gate == "min_token_agreement" and gate.measured is not None and gate.measured >= 0.9
+    assert {gate.gate for gate in report.gates} == {"min_token_agreement", "feature_atol"}
+    [gate] = [gate for gate in report.gates if gate.gate == "min_token_agreement"]
+    assert report.passed and gate.measured is not None and gate.measured >= 0.9
     assert report.quantization is not None and report.quantization.scheme == "int8da4w"
     assert (export.path / "model.pte").stat().st_size < 0.75 * (bundle / "model.pte").stat().st_size
 

@@ -47,7 +47,7 @@ from prefect_executorch.export.fingerprint import BuildFingerprint
 from prefect_executorch.export.lineage import Lineage
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.machine.toolchain import Toolchain
-from prefect_executorch.spec.asr import SPEECH_MODEL_FILES, TRANSCRIPTION_CASES_FILE
+from prefect_executorch.spec.asr import PREPROCESSOR_PROGRAM, SPEECH_MODEL_FILES, TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.fields import check_name
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_CONFIG_FILES, TOKENIZER_FILE
@@ -365,7 +365,8 @@ def _model_kind_files(spec: BuildSpec, bundle_dir: Path) -> tuple[str, list[str]
                               GENERATION_CASES_FILE]
     if spec.asr is not None:
         clips = sorted(path.name for path in bundle_dir.glob("clip-*.wav"))
-        return "speech", [*(name for name in SPEECH_MODEL_FILES if (bundle_dir / name).is_file()), *clips,
+        shipped = [*SPEECH_MODEL_FILES, PREPROCESSOR_PROGRAM]
+        return "speech", [*(name for name in shipped if (bundle_dir / name).is_file()), *clips,
                           TRANSCRIPTION_CASES_FILE]
     return None
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from prefect_executorch.errors import ExportFailed
 from prefect_executorch.export.quantize import QuantizationFacts, build_facts, quantize_model
 from prefect_executorch.export.stages import run_lowering, summary
-from prefect_executorch.spec.asr import SPEECH_MODEL_FILES
+from prefect_executorch.spec.asr import PREPROCESSOR_PROGRAM, SPEECH_MODEL_FILES
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.speech_model import (
     decoder_prompt,
@@ -26,7 +26,7 @@ from prefect_executorch.targets.base import Lowered, Target
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel, WhisperFeatureExtractor
 
 #: The program's methods, as optimum-executorch's ASR export names them.
 ENCODER, DECODER = "encoder", "text_decoder"
@@ -149,6 +149,21 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
     return CrossCachedDecoder(WithLmHead(), max_static_cache_length=length, batch_size=1)
 
 
+def export_front_end(extractor: WhisperFeatureExtractor, path: Path) -> None:
+    """ExecuTorch's own log-mel front end (``extension.audio.mel_spectrogram``, lowered to XNNPACK) with the model's
+    feature extractor settings, one window of audio at most, as the program at ``path``."""
+    from executorch.extension.audio.mel_spectrogram import export_processor
+
+    try:
+        export_processor(str(path), backend="xnnpack", feature_size=extractor.feature_size,
+                         sampling_rate=extractor.sampling_rate, hop_length=extractor.hop_length,
+                         chunk_length=extractor.chunk_length, n_fft=extractor.n_fft,
+                         padding_value=extractor.padding_value, max_audio_len=extractor.chunk_length)
+    except Exception as exc:  # torch.export and ExecuTorch's lowering raise many types
+        raise ExportFailed(f"stage front end: ExecuTorch's log-mel front end does not export with the settings of "
+                           f"preprocessor_config.json: {summary(exc)}") from exc
+
+
 def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, QuantizationFacts | None]:
     """Export the spec's speech model (its linears quantized, if the spec says so) as ``encoder`` and ``text_decoder``
     and lower both, with the metadata, tokenizer and front end's settings, into ``out_dir``."""
@@ -191,6 +206,7 @@ def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowere
                                f"{summary(exc)}") from exc
         metadata = speech_metadata(loaded, prompt, length, features)
         lowered = run_lowering(lambda: target.lower(programs, spec, out_dir, constant_methods=metadata), target.name)
+    export_front_end(extractor, out_dir / PREPROCESSOR_PROGRAM)
     for name in SPEECH_MODEL_FILES:  # what a consumer's tokenizer and front end read, and the model's shape
         if (Path(spec.model) / name).is_file():
             shutil.copyfile(Path(spec.model) / name, out_dir / name)

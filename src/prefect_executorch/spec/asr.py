@@ -21,6 +21,9 @@ from prefect_executorch.spec.base import StrictModel
 
 #: The feature extractor's settings (sampling rate, mel bins, window): the bundle carries them for its front end.
 PREPROCESSOR_FILE = "preprocessor_config.json"
+#: The log-mel front end as its own program (ExecuTorch's ``extension.audio.mel_spectrogram``): waveform in, the
+#: encoder's features out, so that a consumer needs no Python audio stack.
+PREPROCESSOR_PROGRAM = "preprocessor.pte"
 #: The bundle's own test cases: each clip's name and the program's tokens when validated.
 TRANSCRIPTION_CASES_FILE = "transcription_cases.json"
 #: The constant methods a consumer drives a speech program by (``export/speech.py`` answers each).
@@ -47,6 +50,9 @@ class SpeechRecognitionSpec(StrictModel):
         None, description="Task token to force (<|transcribe|>, <|translate|>); default: none.")
     timestamps: bool = Field(False, description="Whether the model may predict timestamps; false forces "
                              "<|notimestamps|> where the tokenizer has it.")
+    feature_atol: float = Field(
+        1e-3, gt=0, description="Gate of the front-end program: the largest absolute difference of its log-mel "
+        "features from WhisperFeatureExtractor's, over every clip.")
     min_token_agreement: float = Field(
         0.9, ge=0, le=1, description="Gate of quantized builds: share of fp32 eager's transcript tokens the program "
         "reproduces at the same positions, over every clip.")

@@ -19,7 +19,7 @@ from prefect_executorch.export.quantize import build_facts
 from prefect_executorch.export.speech import DECODER, ENCODER
 from prefect_executorch.isolation import StartMethod, run_isolated
 from prefect_executorch.scratch import scratch_dir
-from prefect_executorch.spec.asr import TRANSCRIPTION_CASES_FILE
+from prefect_executorch.spec.asr import PREPROCESSOR_PROGRAM, TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.speech_model import (
     Clip,
@@ -37,6 +37,7 @@ from prefect_executorch.validate.loaded_program import LoadedProgram
 from prefect_executorch.validate.report import GateResult, GenerationReport, GenerationStats, ValidationReport
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from tokenizers import Tokenizer
     from transformers import PreTrainedModel, WhisperFeatureExtractor
@@ -141,10 +142,10 @@ def verify_transcription_in_child(request: dict[str, Any]) -> GenerationReport:
     cases = TranscriptionCases.model_validate_json((bundle / TRANSCRIPTION_CASES_FILE).read_text())
     transcriber = ProgramTranscriber(LoadedProgram(bundle / req.program, bundle / req.data_files[0]
                                                    if req.data_files else None))
-    tokenizer, extractor = load_speech_tokenizer(bundle), load_feature_extractor(bundle)
+    tokenizer, front = load_speech_tokenizer(bundle), FrontEnd(bundle)
     results, timings = [], []
-    for clip, expected in zip(bundle_clips(cases, bundle, extractor), cases.expected, strict=True):
-        actual, timing = transcriber.transcribe(features_of(extractor, clip.samples), cases.max_new_tokens)
+    for clip, expected in zip(bundle_clips(cases, bundle, front.extractor), cases.expected, strict=True):
+        actual, timing = transcriber.transcribe(front.features(clip.samples), cases.max_new_tokens)
         results.append(compare_generation(clip.name, len(transcriber.prompt), token_pieces(tokenizer, expected),
                                           token_pieces(tokenizer, actual), reference="its validation", subject="clip"))
         timings.append(timing)
@@ -167,14 +168,14 @@ def transcribe_in_child(request: dict[str, Any]) -> Transcript:
     """Child side: the audio's features, then the program from its start tokens to an end id or the token limit."""
     req = TranscribeRequest.model_validate(request)
     bundle = Path(req.bundle_dir)
-    extractor, tokenizer = load_feature_extractor(bundle), load_speech_tokenizer(bundle)
-    rate = int(extractor.sampling_rate)
-    samples = read_wav(Path(req.audio), rate, float(extractor.chunk_length), "AUDIO")
+    front, tokenizer = FrontEnd(bundle), load_speech_tokenizer(bundle)
+    rate = int(front.extractor.sampling_rate)
+    samples = read_wav(Path(req.audio), rate, float(front.extractor.chunk_length), "AUDIO")
     transcriber = ProgramTranscriber(LoadedProgram(bundle / req.program, bundle / req.data_files[0]
                                                    if req.data_files else None))
     room = transcriber.max_new_tokens
     started = time.perf_counter()
-    features = features_of(extractor, samples)
+    features = front.features(samples)
     featured = time.perf_counter()
     tokens, stats = transcriber.transcribe(features, min(req.max_new_tokens or room, room))
     return Transcript(text=tokenizer.decode(tokens, skip_special_tokens=True).strip(), tokens=tokens,
@@ -197,6 +198,24 @@ def eager_transcript(model: PreTrainedModel, features: torch.Tensor, prompt: lis
             return tokens
         output = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([[tokens[-1]]]),
                        cache=output.cache, use_cache=True)
+
+
+class FrontEnd:
+    """Log-mel features as the bundle's consumer computes them: its front-end program (a bundle built before it had
+    one: ``WhisperFeatureExtractor`` with the bundle's settings)."""
+
+    def __init__(self, bundle: Path) -> None:
+        self.extractor = load_feature_extractor(bundle)
+        path = bundle / PREPROCESSOR_PROGRAM
+        self.program = LoadedProgram(path, None) if path.is_file() else None
+
+    def features(self, samples: np.ndarray) -> torch.Tensor:
+        """``samples``' features ``[1, mel bins, frames]``, padded to the encoder's window."""
+        import torch
+
+        if self.program is None:
+            return features_of(self.extractor, samples)
+        return self.program.execute("forward", (torch.from_numpy(samples),))[0]  # type: ignore[no-any-return]
 
 
 class ProgramTranscriber:
@@ -255,12 +274,14 @@ def validate_transcription(req: ValidateRequest) -> ValidationReport:
     model = load_speech_model(spec)
     tokenizer = load_speech_tokenizer(spec.model)
     prompt, ends = decoder_prompt(spec, model, tokenizer), set(end_ids(model))
-    extractor = load_feature_extractor(bundle)  # the bundle's own front-end settings, as a consumer reads them
-    cases, timings, actuals = [], [], []
+    front = FrontEnd(bundle)  # the bundle's own front end, as a consumer runs it
+    cases, timings, actuals, feature_errors = [], [], [], {}
     with torch.no_grad():
-        for clip in validation_clips(spec, extractor):
-            features = features_of(extractor, clip.samples)
-            expected = eager_transcript(model, features, prompt, spec.asr.max_new_tokens, ends)
+        for clip in validation_clips(spec, front.extractor):
+            reference = features_of(front.extractor, clip.samples)
+            features = front.features(clip.samples)
+            feature_errors[clip.name] = float((features - reference).abs().max())
+            expected = eager_transcript(model, reference, prompt, spec.asr.max_new_tokens, ends)
             actual, timing = transcriber.transcribe(features, spec.asr.max_new_tokens)
             actuals.append(actual)
             cases.append(compare_generation(clip.name, len(prompt), token_pieces(tokenizer, expected),
@@ -268,7 +289,8 @@ def validate_transcription(req: ValidateRequest) -> ValidationReport:
             timings.append(timing)
     report = GenerationReport(new_tokens=spec.asr.max_new_tokens, cases=cases, stats=timings, exact=not spec.quantization,
                               generated_by=ProgramTranscriber.name)
-    gates = [] if report.exact else [agreement_gate(report, spec)]
+    gates = ([] if report.exact else [agreement_gate(report, spec)]) + \
+        ([front_end_gate(feature_errors, spec)] if front.program is not None else [])
     passed = report.passed and all(gate.passed for gate in gates)
     if req.bundled_out and passed:
         write_cases(spec, bundle, Path(req.bundled_out), actuals)
@@ -284,6 +306,17 @@ def validate_transcription(req: ValidateRequest) -> ValidationReport:
 def token_pieces(tokenizer: Tokenizer, tokens: list[int]) -> list[str]:
     """Each token as the tokenizer spells it (the report shows them; an id it does not know, as the number)."""
     return [tokenizer.id_to_token(token) or str(token) for token in tokens]
+
+
+def front_end_gate(errors: dict[str, float], spec: BuildSpec) -> GateResult:
+    """The front-end program's gate: its features against ``WhisperFeatureExtractor``'s, the worst clip named."""
+    assert spec.asr is not None
+    worst = max(errors, key=lambda name: errors[name])
+    limit = spec.asr.feature_atol
+    return GateResult(gate="feature_atol", section="asr", method=PREPROCESSOR_PROGRAM, measured=errors[worst],
+                      limit=limit, passed=errors[worst] <= limit,
+                      detail=f"largest log-mel difference from WhisperFeatureExtractor's {errors[worst]:.3g} (clip "
+                      f"{worst!r}), at most {limit:g} allowed")
 
 
 def agreement_gate(report: GenerationReport, spec: BuildSpec) -> GateResult:
