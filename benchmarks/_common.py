@@ -75,6 +75,14 @@ def _torch_facts() -> dict[str, Any]:
     return facts
 
 
+def native_output_to_stderr() -> None:
+    """What C++ (ExecuTorch's runtime and runner) prints to the process's stdout, flushed whenever, goes to stderr;
+    ``sys.stdout`` keeps the real stdout, so that the RESULT line stays its last."""
+    sys.stdout.flush()
+    sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+
+
 def peak_rss_mib() -> float:
     """Peak resident memory of this process so far (MiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

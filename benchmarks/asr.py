@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, report, scratch, spread  # noqa: E402
+from _common import interleaved, native_output_to_stderr, report, scratch, spread  # noqa: E402
 
 from prefect_executorch.clips import made_clip  # noqa: E402
 from prefect_executorch.export.exporter import export_program  # noqa: E402
@@ -120,11 +120,7 @@ def main() -> int:
     if not 0 < args.audio_s <= 30:
         parser.error("--audio-s: give 0 to 30 seconds (Whisper's window)")
 
-    # The runtime logs to the process's stdout from C++, flushed whenever: to stderr with it, so that the RESULT
-    # line stays the last of stdout.
-    sys.stdout.flush()
-    sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    native_output_to_stderr()
 
     import torch
 

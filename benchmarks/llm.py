@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import interleaved, report, scratch, spread  # noqa: E402
+from _common import interleaved, native_output_to_stderr, report, scratch, spread  # noqa: E402
 
 from prefect_executorch.export.exporter import export_program  # noqa: E402
 from prefect_executorch.spec.buildspec import parse_spec  # noqa: E402
@@ -171,11 +171,7 @@ def main() -> int:
         args.size, args.prompt_tokens = "smoke", 16
     if args.rounds < 3:
         parser.error("--rounds must be at least 3 (medians of 3 or more runs are compared)")
-    # The runner logs to the process's stdout from C++, flushed whenever: to stderr with it, so that the RESULT
-    # line stays the last of stdout.
-    sys.stdout.flush()
-    sys.stdout = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
+    native_output_to_stderr()
 
     import torch
 

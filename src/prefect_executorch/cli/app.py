@@ -40,6 +40,10 @@ StoreOption = Annotated[str | None, typer.Option(
 EndpointOption = Annotated[str | None, typer.Option(
     "--endpoint-url", help="S3 API endpoint (default: boto3's chain: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, config).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+#: A model's version or alias where BUNDLE may be a model name (``generate``, ``transcribe``).
+VersionOption = Annotated[str | None, typer.Option(
+    "--version", help="Version to use (with a model name; default: the newest that runs on this machine).")]
+AliasOption = Annotated[str | None, typer.Option("--alias", help="Alias to use (with a model name): prod, staging...")]
 
 
 def _quiet_defaults(prefect_console: bool = False) -> None:

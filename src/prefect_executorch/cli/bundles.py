@@ -12,9 +12,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from prefect_executorch.cli.app import (
+    AliasOption,
     EndpointOption,
     JsonOption,
     StoreOption,
+    VersionOption,
     app,
     console,
     err_console,
@@ -208,9 +210,8 @@ def generate(
     bundle: str = typer.Argument(..., metavar="BUNDLE", help="A decoder-LM bundle: its folder, or its model name in the store."),
     prompt: str = typer.Argument(..., metavar="PROMPT", help="Text to continue."),
     new_tokens: int = typer.Option(32, "--new-tokens", min=1, help="Tokens to generate at most (greedy)."),
-    version: str | None = typer.Option(None, "--version", help="Version to use (with a model name; default: the newest "
-                                       "that runs on this machine)."),
-    alias: str | None = typer.Option(None, "--alias", help="Alias to use (with a model name): prod, staging..."),
+    version: VersionOption = None,
+    alias: AliasOption = None,
     store: StoreOption = None,
     endpoint_url: EndpointOption = None,
 ) -> None:
@@ -277,9 +278,8 @@ def transcribe(
                                  "longer than its encoder's window (30 s for Whisper)."),
     max_new_tokens: int | None = typer.Option(None, "--max-new-tokens", min=1, help="Tokens to transcribe at most "
                                               "(greedy; default: as many as the bundle's decoder cache holds)."),
-    version: str | None = typer.Option(None, "--version", help="Version to use (with a model name; default: the newest "
-                                       "that runs on this machine)."),
-    alias: str | None = typer.Option(None, "--alias", help="Alias to use (with a model name): prod, staging..."),
+    version: VersionOption = None,
+    alias: AliasOption = None,
     store: StoreOption = None,
     endpoint_url: EndpointOption = None,
 ) -> None:
