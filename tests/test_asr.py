@@ -21,7 +21,12 @@ from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.export.exporter import export_program
 from prefect_executorch.spec.asr import SPEECH_METADATA, TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
-from prefect_executorch.spec.speech_model import load_feature_extractor, load_speech_tokenizer, validation_clips
+from prefect_executorch.spec.speech_model import (
+    load_feature_extractor,
+    load_speech_tokenizer,
+    read_wav,
+    validation_clips,
+)
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.testing.tiny_whisper import write_tiny_whisper
 from prefect_executorch.validate.transcription import run_transcription_cases
@@ -103,6 +108,12 @@ def test_clips_are_read_at_the_front_ends_rate_and_refused_off_rate_or_past_the_
     long = write_wav(tmp_path / "long.wav", np.zeros(16000 * 31))
     with pytest.raises(SpecError, match=r"lasts 31.0 s, longer than the encoder's window of 30 s"):
         validation_clips(asr_spec(whisper, asr={**ASR, "clips": [str(long)]}), extractor)
+
+
+def test_an_empty_wav_file_is_refused_by_the_field_that_named_it(tmp_path: Path) -> None:
+    empty = write_wav(tmp_path / "empty.wav", np.zeros(0))
+    with pytest.raises(SpecError, match=r"^AUDIO: .*empty.wav holds no samples; give a clip with sound in it$"):
+        read_wav(empty, 16000, 30.0, "AUDIO")
 
 
 # --- builds ---------------------------------------------------------------------------------------------------

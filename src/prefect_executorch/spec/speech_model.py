@@ -95,6 +95,8 @@ def read_wav(path: Path, rate: int, window_s: float, field: str) -> np.ndarray:
         raise SpecError(f"{field}: {path} is sampled at {found} Hz; the model's feature extractor takes {rate} Hz: "
                         "resample it")
     samples = np.frombuffer(frames, dtype="<i2").astype(np.float32).reshape(-1, channels).mean(axis=1) / 32768
+    if not len(samples):
+        raise SpecError(f"{field}: {path} holds no samples; give a clip with sound in it")
     if len(samples) > rate * window_s:
         raise SpecError(f"{field}: {path} lasts {len(samples) / rate:.1f} s, longer than the encoder's window of "
                         f"{window_s:g} s; cut it into clips of at most {window_s:g} s")
