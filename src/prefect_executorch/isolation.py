@@ -351,7 +351,7 @@ def _describe_chain(exc: BaseException) -> str:
     return "\n  caused by ".join(parts)
 
 
-def compile_caches(folder: Path) -> dict[str, str]:
+def _compile_caches(folder: Path) -> dict[str, str]:
     """The environment that puts a child's Inductor and Triton caches in ``folder`` (its own, under scratch).
 
     Their default is one folder per user (``/tmp/torchinductor_<user>``, ``~/.triton``) shared by every build on
@@ -376,7 +376,7 @@ def _child_main(
     # A crash (SIGSEGV in a runtime, SIGABRT, SIGBUS) prints the Python stack it happened in to the log: the
     # child's output the parent's error carries.
     faulthandler.enable(all_threads=True)
-    os.environ.update(compile_caches(Path(request_path).parent))
+    os.environ.update(_compile_caches(Path(request_path).parent))
     if memory_limit_mib:
         limit = memory_limit_mib * 2**20
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))

@@ -108,7 +108,7 @@ def encoder_module(model: PreTrainedModel) -> torch.nn.Module:
 
 def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
     """transformers' static-cache decoder wrapper over ``model``, its cross-attention read from the encoder method's
-    keys and values (inputs, one a tensor) instead of projected from the encoder's states on every call."""
+    keys and values (its inputs, a tensor each) instead of projected from the encoder's states on every call."""
     import torch
     from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
     from transformers.integrations.executorch import Seq2SeqLMDecoderExportableModuleWithStaticCache
