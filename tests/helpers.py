@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import wave
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,3 +73,15 @@ def fresh_store(server: Any, **settings: Any) -> Any:
     from prefect_executorch.artifacts.s3 import S3Settings, S3Store
 
     return S3Store.from_url(f"s3://{server.make_bucket()}/reg", settings=S3Settings(**settings))
+
+
+def write_wav(path: Path, samples: Any, rate: int = 16000) -> Path:
+    """``samples`` in [-1, 1] (a numpy array) as a mono 16-bit PCM WAV file at ``path``."""
+    import numpy as np
+
+    with wave.open(str(path), "wb") as audio:
+        audio.setnchannels(1)
+        audio.setsampwidth(2)
+        audio.setframerate(rate)
+        audio.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
+    return path

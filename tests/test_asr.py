@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import wave
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,10 @@ from prefect_executorch.spec.speech_model import (
 )
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.testing.tiny_whisper import write_tiny_whisper
-from prefect_executorch.validate.transcription import run_transcription_cases
+from prefect_executorch.validate.transcription import SpeechBundle, run_transcription_cases
 from prefect_executorch.validate.validator import require_passed, validate_program
+
+from helpers import write_wav
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 ASR = {"language": "en", "task": "transcribe", "max_new_tokens": 12}
@@ -38,15 +39,6 @@ ASR = {"language": "en", "task": "transcribe", "max_new_tokens": 12}
 
 def asr_spec(model_dir: Path, version: str = "1", **extra: Any) -> BuildSpec:
     return parse_spec({"name": "tiny-whisper", "version": version, "model": str(model_dir), "asr": ASR, **extra})
-
-
-def write_wav(path: Path, samples: np.ndarray, rate: int = 16000) -> Path:
-    with wave.open(str(path), "wb") as audio:
-        audio.setnchannels(1)
-        audio.setsampwidth(2)
-        audio.setframerate(rate)
-        audio.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +60,9 @@ def test_an_asr_spec_names_a_model_directory_and_its_clips_relative_to_the_spec(
 @pytest.mark.parametrize(("extra", "message"), [
     ({"methods": {"forward": {"inputs": [{"name": "x", "shape": [1]}]}}}, "methods: not for an `asr:` spec"),
     ({"llm": {}}, "llm, asr: a spec builds one model kind"),
-    ({"target": "cuda"}, "target: an `asr:` spec builds for xnnpack, portable, not 'cuda'"),
+    ({"target": "tensorrt"}, "target: an `asr:` spec builds for xnnpack, portable, cuda, not 'tensorrt'"),
+    ({"target": "cuda", "quantization": {"scheme": "int8da4w"}},
+     "quantization: an `asr:` spec on target cuda is built in target.precision"),
     ({"quantization": {"scheme": "int8-dynamic"}}, "an `asr:` spec is quantized with int8da4w"),
     ({"model": "models.py:make"}, "with `asr`, model is the path of a Hugging Face model directory"),
     ({"asr": {"clips": ["talk.mp3"]}}, "clips[0]: 'talk.mp3' is not a .wav file"),
@@ -164,12 +158,13 @@ def test_a_spec_s_wav_clips_travel_in_the_bundle_and_a_changed_case_fails_verify
     assert report.passed and report.generation is not None and report.generation.cases[0].prompt == "hello.wav"
     cases = json.loads((bundle / TRANSCRIPTION_CASES_FILE).read_text())
     assert cases["clips"] == ["clip-0.wav"] and (bundle / "clip-0.wav").read_bytes() == clip.read_bytes()
-    assert run_transcription_cases(bundle, "model.pte", []).cases[0].passed
+    speech = SpeechBundle(bundle_dir=str(bundle), program="model.pte", target="xnnpack")
+    assert run_transcription_cases(speech).cases[0].passed
     cases["expected"][0][0] += 1  # a token the program does not make
     (bundle / TRANSCRIPTION_CASES_FILE).write_text(json.dumps(cases))
     with pytest.raises(ValidationFailed, match=r"1 of 1 clips .* transcribe otherwise on this machine: clip "
                                                r"'clip-0.wav': new token 0 is .* where its validation generates"):
-        run_transcription_cases(bundle, "model.pte", [])
+        run_transcription_cases(speech)
 
 
 def test_a_front_end_program_off_the_feature_extractor_fails_its_gate_naming_the_clip(

@@ -34,7 +34,7 @@ from prefect_executorch.validate.bundled import BUNDLED_FILE, BundledMethod, ver
 from prefect_executorch.validate.report import ValidationReport
 from prefect_executorch.validate.validator import require_passed, validate_program
 
-from helpers import MODELS
+from helpers import MODELS, write_wav
 
 pytestmark = pytest.mark.cuda
 TARGET = get_target("cuda")
@@ -295,6 +295,41 @@ def test_a_bf16_decoder_lm_builds_passes_its_gates_and_generates_through_the_cli
     printed = prompts[0] + "".join(piece for piece in cases["expected"][0] if piece != EOS)
     assert generated.startswith(" ".join(printed.split())), (generated, cases["expected"][0])
     assert "tokens by ExecuTorch's runtime, one token per call" in generated and "decode" in generated
+
+
+def test_a_bf16_whisper_builds_passes_its_agreement_gate_and_transcribes_through_the_cli(
+        gpu: Toolchain, tmp_path: Path) -> None:
+    """A Whisper directory made here, built for target cuda in bf16: encoder and decoder compiled by the CUDA backend,
+    float32 at the program's edges, judged against fp32 eager by the agreement gate; pulled, verified and run by
+    `transcribe`, whose text is the validated tokens'."""
+    from prefect_executorch.clips import made_clip
+    from prefect_executorch.spec.speech_model import load_speech_tokenizer
+    from prefect_executorch.testing.tiny_whisper import write_tiny_whisper
+
+    model_dir = write_tiny_whisper(tmp_path / "whisper", train_steps=100)
+    (tmp_path / "asr.yaml").write_text(yaml.safe_dump({
+        "name": "tiny-whisper", "version": "1", "model": str(model_dir), "target": {"kind": "cuda", "precision": "bf16"},
+        "asr": {"language": "en", "task": "transcribe", "max_new_tokens": 12}}))
+    cli = _cli_in(tmp_path)
+    cli("build", "asr.yaml")
+    bundle = tmp_path / "store" / "tiny-whisper" / "1" / "cuda" / f"{gpu.cuda_channel}-{gpu.sm}-cuda-{gpu.arch}"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["data_files"] == [DATA_FILE] and manifest["validation"]["passed"]
+    assert {name: manifest["methods"][name]["delegates"] for name in ("encoder", "text_decoder")} == \
+        {"encoder": ["CudaBackend"], "text_decoder": ["CudaBackend"]}
+    validation = json.loads((bundle / "validation.json").read_text())
+    gates = {gate["gate"]: gate for gate in validation["gates"]}
+    assert set(gates) == {"min_token_agreement", "feature_atol"} and all(gate["passed"] for gate in gates.values())
+    assert not validation["generation"]["exact"], validation["generation"]
+    pulled = cli("pull", "tiny-whisper", "--version", "1", "--to", "pulled", "--verify")
+    assert "all 3 clips transcribe as validated" in pulled
+    clip = write_wav(tmp_path / "chirp.wav", made_clip("chirp-200-2000hz-2s", 16000))
+    cases = json.loads((tmp_path / "pulled" / "transcription_cases.json").read_text())
+    expected = load_speech_tokenizer(bundle).decode(cases["expected"][cases["clips"].index("chirp-200-2000hz-2s")],
+                                                    skip_special_tokens=True).strip()
+    transcribed = cli("transcribe", "./pulled", str(clip))
+    assert transcribed.startswith(" ".join(expected.split())) and "real-time factor" in transcribed, (expected,
+                                                                                                      transcribed)
 
 
 def test_the_runtime_setup_lets_the_cuda_pool_keep_its_memory(gpu: Toolchain) -> None:

@@ -362,6 +362,16 @@ def test_a_replay_passes_only_when_the_runtime_captured_it_and_its_outputs_equal
     assert (check.problem is None) if problem is None else (problem in (check.problem or ""))
 
 
+def test_a_speech_spec_builds_for_cuda_without_graph_replay(h200: Toolchain) -> None:
+    def asr(cuda_graphs: bool) -> BuildSpec:
+        return parse_spec({"name": "w", "version": "1", "model": "/models/whisper", "asr": {},
+                           "target": {"kind": "cuda", "precision": "bf16", "cuda_graphs": cuda_graphs}})
+
+    assert TARGET.check(asr(False), h200) == [] and TARGET.compute_dtype(asr(False)) == "bfloat16"
+    with pytest.raises(SpecError, match="target.cuda_graphs with asr: a speech program's decoder is not replayed"):
+        TARGET.check(asr(True), h200)
+
+
 def test_a_decoder_lm_replays_a_one_token_forward_and_a_one_call_prefill_is_refused_beside_graphs(
         h200: Toolchain, tmp_path: Path) -> None:
     from prefect_executorch.testing.tiny_llm import write_tiny_llm

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -27,6 +27,9 @@ from prefect_executorch.cli.app import (
 from prefect_executorch.cli.render import METADATA_METHODS, SIGNED, UNSIGNED, count_names, generated_by, rows_table
 from prefect_executorch.defaults import GC_GRACE_HOURS, MAX_LATENCY_REGRESSION
 from prefect_executorch.errors import NotABundle, SpecError
+
+if TYPE_CHECKING:
+    from prefect_executorch.validate.transcription import SpeechBundle
 
 
 @app.command()
@@ -92,6 +95,14 @@ def verify(
     console.print(f"[bold green]all {check.cases} bundled cases pass through ExecuTorch's C++ runtime[/]")
 
 
+def speech_bundle(folder: Path, manifest: Any) -> SpeechBundle:
+    """A speech bundle's folder and its manifest's program, data files, target and runtime hints, as a child runs it."""
+    from prefect_executorch.validate.transcription import SpeechBundle
+
+    return SpeechBundle(bundle_dir=str(folder), program=manifest.program, target=manifest.target,
+                        data_files=manifest.data_files, runtime_hints=manifest.runtime_hints)
+
+
 def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = None, shown_as: Path | None = None) -> str:
     """Run a bundle's own test cases here: a decoder LM's prompts through the LLM runner, a speech model's clips
     through its program, else its ``.bpte``.
@@ -107,8 +118,8 @@ def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = N
     if any(entry.role == "speech" for entry in manifest.files):
         from prefect_executorch.validate.transcription import run_transcription_cases
 
-        report = run_transcription_cases(bundle_dir, manifest.program, manifest.data_files, scratch=scratch_dir,
-                                         shown_as=shown_as, start="spawn")
+        report = run_transcription_cases(speech_bundle(bundle_dir, manifest), scratch=scratch_dir, shown_as=shown_as,
+                                         start="spawn")
         return f"all {len(report.cases)} clips transcribe as validated through {report.generated_by} on this machine"
     from prefect_executorch.validate.bundled import run_bundled_cases
 
@@ -297,8 +308,7 @@ def transcribe(
         if not any(entry.role == "speech" for entry in manifest.files):
             raise NotABundle(f"{manifest.key.prefix} is no speech bundle (its files have no speech role); `transcribe` "
                              "runs bundles built from an `asr:` spec")
-        transcript = run_transcribe(folder, manifest.program, manifest.data_files, audio, max_new_tokens,
-                                    start="spawn")
+        transcript = run_transcribe(speech_bundle(folder, manifest), audio, max_new_tokens, scratch, start="spawn")
     console.print(escape(transcript.text), highlight=False)
     if transcript.capped_at is not None:
         err_console.print(f"--max-new-tokens {max_new_tokens}: this bundle's decoder cache holds {transcript.capped_at} "

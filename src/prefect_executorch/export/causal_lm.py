@@ -126,7 +126,7 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
     # torchao's int8da4w linears, as ExecuTorch's LLM recipes quantize them; a float build: the model itself,
     # on the target's device in its compute type.
-    model: Any = target.llm_module(quantize_model(loaded, spec), spec)
+    model: Any = target.placed_model(quantize_model(loaded, spec), spec)
     length = spec.llm.max_seq_len
     # What transformers' wrapper exports: a static cache of max_seq_len positions (a hybrid one for sliding windows).
     model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static", max_length=length,

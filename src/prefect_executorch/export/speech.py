@@ -61,6 +61,11 @@ def speech_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return output.transpose(1, 2).contiguous(), None
 
 
+def cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` in ``dtype``; the same tensor (no operator in the graph) where it is in it already."""
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
 def cache_length(prompt: list[int], max_new_tokens: int) -> int:
     """The decoder's static cache: the forced prompt and every new token."""
     return len(prompt) + max_new_tokens
@@ -80,7 +85,7 @@ def speech_metadata(model: PreTrainedModel, prompt: list[int], length: int, feat
 def encoder_module(model: PreTrainedModel) -> torch.nn.Module:
     """The encoder and every decoder layer's cross-attention key and value projections of its states, as a module of
     ``input_features`` alone: keys and values of layer 0, then of layer 1..., each ``[1, heads, frames, head dim]``,
-    computed once a clip.
+    computed once a clip, in float32 whatever ``model``'s type (as its features).
 
     (transformers' encoder wrapper passes ``input_ids``; its decoder wrapper projects the encoder's states again on
     every token, 4 layers x 2 GEMMs of 1,500 frames a token at whisper-tiny's size, which eager's cache does once.)
@@ -95,12 +100,12 @@ def encoder_module(model: PreTrainedModel) -> torch.nn.Module:
                                                    for projection in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj))
 
         def forward(self, input_features: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            states = self.encoder(input_features=input_features).last_hidden_state
+            states = self.encoder(input_features=cast(input_features, model.dtype)).last_hidden_state
             shape = (states.shape[0], -1, model.config.decoder_attention_heads,
                      model.config.d_model // model.config.decoder_attention_heads)
             # As WhisperAttention projects them, [batch, heads, frames, head dim]; keys transposed for speech_attention.
-            return tuple(projection(states).view(shape).permute(0, 2, 3, 1).contiguous() if index % 2 == 0
-                         else projection(states).view(shape).transpose(1, 2).contiguous()
+            return tuple(cast(projection(states).view(shape).permute(0, 2, 3, 1).contiguous() if index % 2 == 0
+                              else projection(states).view(shape).transpose(1, 2).contiguous(), torch.float32)
                          for index, projection in enumerate(self.projections))
 
     return SpeechEncoder().eval()
@@ -108,7 +113,8 @@ def encoder_module(model: PreTrainedModel) -> torch.nn.Module:
 
 def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
     """transformers' static-cache decoder wrapper over ``model``, its cross-attention read from the encoder method's
-    keys and values (its inputs, a tensor each) instead of projected from the encoder's states on every call."""
+    keys and values (its inputs, a tensor each) instead of projected from the encoder's states on every call; float32
+    in and out whatever ``model``'s type."""
     import torch
     from transformers.cache_utils import DynamicCache, DynamicLayer, EncoderDecoderCache
     from transformers.integrations.executorch import Seq2SeqLMDecoderExportableModuleWithStaticCache
@@ -133,8 +139,17 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
             return model.get_decoder()  # type: ignore[no-any-return]
 
     class CrossCachedDecoder(Seq2SeqLMDecoderExportableModuleWithStaticCache):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__(WithLmHead(), max_static_cache_length=length, batch_size=1)
+            # The wrapper makes its cache in float32: a bf16 model's keys cannot be copied into it.
+            for index, layer in enumerate(self.static_cache.layers):
+                layer.keys, layer.values = layer.keys.to(model.dtype), layer.values.to(model.dtype)
+                self.register_buffer(f"key_cache_{index}", layer.keys, persistent=False)
+                self.register_buffer(f"value_cache_{index}", layer.values, persistent=False)
+
         def forward(self, decoder_input_ids: torch.Tensor, cross_attention: tuple[torch.Tensor, ...],
                     cache_position: torch.Tensor) -> torch.Tensor:
+            cross_attention = tuple(cast(tensor, model.dtype) for tensor in cross_attention)
             for layer in self.static_cache.layers:  # the wrapper's own reset: positions from cache_position
                 layer.cumulative_length.copy_(cache_position[0])
             # A cross-attention cache that holds every layer's keys and values counts as updated: WhisperAttention
@@ -142,11 +157,11 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
             cache = EncoderDecoderCache(self.static_cache, holding(cross_attention))
             outputs = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=cross_attention[0], cache=cache,
                                    use_cache=True)
-            return self.lm_head(outputs[0])  # type: ignore[no-any-return]
+            return cast(self.lm_head(outputs[0]), torch.float32)
 
     for layer in model.get_decoder().layers:
         setattr(layer.encoder_attn, KEYS_TRANSPOSED, True)
-    return CrossCachedDecoder(WithLmHead(), max_static_cache_length=length, batch_size=1)
+    return CrossCachedDecoder()
 
 
 def export_front_end(extractor: WhisperFeatureExtractor, path: Path) -> None:
@@ -187,18 +202,21 @@ def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowere
     extractor = load_feature_extractor(spec.model)
     features = features_of(extractor, torch.zeros(extractor.sampling_rate).numpy())
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
-    model: Any = quantize_model(loaded, spec)
+    # On the target's device in its compute type: a GPU's compiler builds for the device it was exported on.
+    model: Any = target.placed_model(quantize_model(loaded, spec), spec)
     with torch.no_grad():
         try:
             encoder = encoder_module(model)
+            features = features.to(model.device)
             cross_attention = encoder(features)
             decoder = decoder_module(model, length)
             # strict: the non-strict export of the decoder wrapper fails in ExecuTorch's lowering (run_decompositions:
             # "expected compiled_fn to be GraphModule").
             programs = {
                 ENCODER: torch.export.export(encoder, (features,), strict=True),
-                DECODER: torch.export.export(decoder, (torch.tensor([[prompt[0]]]), cross_attention,
-                                                       torch.tensor([0])), strict=True),
+                DECODER: torch.export.export(decoder, (torch.tensor([[prompt[0]]], device=model.device),
+                                                       cross_attention, torch.tensor([0], device=model.device)),
+                                             strict=True),
             }
         except Exception as exc:  # transformers and torch.export raise many types
             raise ExportFailed(f"stage torch.export: the {loaded.config.model_type} model in {spec.model} does not "

@@ -31,8 +31,9 @@ from prefect_executorch.spec.validation import ValidationSpec
 
 #: The targets an `llm:` spec builds for (the runner's program with a static KV cache).
 LLM_TARGETS = ("xnnpack", "portable", "cuda")
-#: The targets an `asr:` spec builds for (CPU: its encoder and decoder lowered to XNNPACK or portable kernels).
-ASR_TARGETS = ("xnnpack", "portable")
+#: The targets an `asr:` spec builds for: its encoder and decoder lowered to XNNPACK or portable kernels, or compiled
+#: by ExecuTorch's CUDA backend.
+ASR_TARGETS = ("xnnpack", "portable", "cuda")
 #: The quantization schemes of an `llm:` or `asr:` spec.
 LLM_SCHEMES = ("int8da4w",)
 
@@ -160,8 +161,8 @@ class BuildSpec(StrictModel):
             raise ValueError(f"target: an `{section}:` spec builds for {', '.join(targets)}, not {self.target_name!r}"
                              f" (docs/{section}.md)")
         if self.target_name == "cuda" and self.quantization is not None:
-            raise ValueError("quantization: an `llm:` spec on target cuda is built in target.precision (bf16 is the "
-                             "CUDA backend's LLM precision); quantized decoder LMs build for xnnpack; remove one")
+            raise ValueError(f"quantization: an `{section}:` spec on target cuda is built in target.precision (bf16 is "
+                             "the CUDA backend's precision for it); quantized builds are for xnnpack; remove one")
         return self
 
     @property

@@ -85,8 +85,9 @@ class Target(ABC):
         assert spec.llm is not None
         return spec.llm.prefill == "token_by_token"
 
-    def llm_module(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
-        """A decoder LM as this target exports it: on its device, in its compute type (default: as loaded)."""
+    def placed_model(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
+        """A Hugging Face model (a decoder LM, a speech model) as this target exports it: on its device, in its
+        compute type (default: as loaded)."""
         return model
 
     @abstractmethod

@@ -172,6 +172,9 @@ def _check_cuda_graphs(spec: BuildSpec) -> None:
     """A captured graph replays fixed sizes only (the runtime refuses an input of another size): no dynamic inputs."""
     if not _options(spec).cuda_graphs:
         return
+    if spec.asr is not None:
+        raise SpecError("target.cuda_graphs with asr: a speech program's decoder is not replayed as a CUDA graph yet; "
+                        "set cuda_graphs: false")
     if spec.llm is not None and spec.llm.prefill == "one_call":
         raise SpecError("target.cuda_graphs with llm.prefill: one_call: a replayed forward takes the sizes it captured, "
                         "and the prompt comes in calls of other sizes; set llm.prefill: auto (a token a call, each "
@@ -231,7 +234,7 @@ class CudaTarget(GpuTarget):
         assert spec.llm is not None
         return super().llm_token_per_call(spec) or (spec.llm.prefill == "auto" and _options(spec).cuda_graphs)
 
-    def llm_module(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
+    def placed_model(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
         import torch
 
         # The whole model in the program's type, its static KV cache included (made in the model's dtype).
