@@ -328,7 +328,7 @@ def test_a_bf16_whisper_builds_passes_its_agreement_gate_and_transcribes_through
     expected = load_speech_tokenizer(bundle).decode(cases["expected"][cases["clips"].index("chirp-200-2000hz-2s")],
                                                     skip_special_tokens=True).strip()
     transcribed = cli("transcribe", "./pulled", str(clip))
-    assert transcribed.startswith(" ".join(expected.split())) and "real-time factor" in transcribed, (expected,
+    assert expected and transcribed.startswith(" ".join(expected.split())) and "real-time factor" in transcribed, (expected,
                                                                                                       transcribed)
 
 
