@@ -15,6 +15,7 @@ from prefect_executorch.export.stages import run_lowering, summary
 from prefect_executorch.spec.asr import PREPROCESSOR_PROGRAM, SPEECH_MODEL_FILES
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.speech_model import (
+    cache_argument,
     decoder_prompt,
     end_ids,
     features_of,
@@ -155,10 +156,11 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
             # A cross-attention cache that holds every layer's keys and values counts as updated: WhisperAttention
             # reads it and leaves the encoder's states (here only the flag that the layer cross-attends) alone.
             cache = EncoderDecoderCache(self.static_cache, holding(cross_attention))
-            outputs = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=cross_attention[0], cache=cache,
-                                   use_cache=True)
+            outputs = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=cross_attention[0],
+                                   use_cache=True, **{cache_name: cache})
             return cast(self.lm_head(outputs[0]), torch.float32)
 
+    cache_name = cache_argument(model.get_decoder().forward)
     for layer in model.get_decoder().layers:
         setattr(layer.encoder_attn, KEYS_TRANSPOSED, True)
     return CrossCachedDecoder()

@@ -3,9 +3,11 @@ export and validation children both use them)."""
 
 from __future__ import annotations
 
+import inspect
 import wave
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prefect_executorch.clips import DEFAULT_CLIPS, made_clip
 from prefect_executorch.errors import SpecError
@@ -70,6 +72,12 @@ def decoder_prompt(spec: BuildSpec, model: PreTrainedModel, tokenizer: Tokenizer
     if not spec.asr.timestamps and no_timestamps is not None:
         prompt.append(no_timestamps)
     return prompt
+
+
+def cache_argument(forward: Callable[..., Any]) -> str:
+    """The name a transformers ``forward`` takes its cache by, and its output returns it by: ``cache`` since
+    transformers renamed it, ``past_key_values`` before (5.17's, which the GPU image holds)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def end_ids(model: PreTrainedModel) -> list[int]:

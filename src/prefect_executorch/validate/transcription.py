@@ -23,6 +23,7 @@ from prefect_executorch.spec.asr import PREPROCESSOR_PROGRAM, TRANSCRIPTION_CASE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.speech_model import (
     Clip,
+    cache_argument,
     decoder_prompt,
     end_ids,
     features_of,
@@ -195,6 +196,7 @@ def eager_transcript(model: PreTrainedModel, features: torch.Tensor, prompt: lis
     import torch
 
     encoded = model.get_encoder()(input_features=features)
+    cache_name = cache_argument(model.forward)
     output = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([prompt]), use_cache=True)
     tokens: list[int] = []
     while True:
@@ -202,7 +204,7 @@ def eager_transcript(model: PreTrainedModel, features: torch.Tensor, prompt: lis
         if len(tokens) == new_tokens or tokens[-1] in ends:
             return tokens
         output = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([[tokens[-1]]]),
-                       cache=output.cache, use_cache=True)
+                       use_cache=True, **{cache_name: getattr(output, cache_name)})
 
 
 class FrontEnd:
