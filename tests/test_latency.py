@@ -57,5 +57,6 @@ def test_two_calls_measured_together_are_timed_in_alternate_windows() -> None:
     fast, slow = measure_together([lambda: busy(0.001), lambda: busy(0.003)], min_runs=5, warmup=1, max_seconds=20)
     assert fast.windows == slow.windows  # interleaved: one window each per round
     assert fast.p50_ms >= 1.0 and slow.p50_ms >= 3.0
-    # A busy neighbour stretches the longer call more, but never reverses or flattens the order.
-    assert 2.5 <= slow.p50_ms / fast.p50_ms <= 6
+    # Each kept its own timings: the longer call's median stays the longer one. (A busy neighbour stretches the longer
+    # spin the more: 8 ms against 1 ms seen with three processes on two cores, so no upper bound.)
+    assert slow.p50_ms / fast.p50_ms >= 2.5
