@@ -153,11 +153,14 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
             cross_attention = tuple(cast(tensor, model.dtype) for tensor in cross_attention)
             for layer in self.static_cache.layers:  # the wrapper's own reset: positions from cache_position
                 layer.cumulative_length.copy_(cache_position[0])
-            # A cross-attention cache that holds every layer's keys and values counts as updated: WhisperAttention
-            # reads it and leaves the encoder's states (here only the flag that the layer cross-attends) alone.
+            # A cross-attention cache that holds every layer's keys and values counts as updated: the attention reads
+            # it and leaves the encoder's states alone. Those are needed only as the flag that a layer cross-attends,
+            # and for their shape ([batch, frames, width]: a model that masks cross-attention sizes its mask by it):
+            # the first layer's values, viewed so.
             cache = EncoderDecoderCache(self.static_cache, holding(cross_attention))
-            outputs = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=cross_attention[0],
-                                   use_cache=True, **{cache_name: cache})
+            states = cross_attention[1].transpose(1, 2).flatten(2)
+            outputs = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=states, use_cache=True,
+                                   **{cache_name: cache})
             return cast(self.lm_head(outputs[0]), torch.float32)
 
     cache_name = cache_argument(model.get_decoder().forward)
