@@ -36,7 +36,7 @@ from _common import interleaved, native_output_to_stderr, report, scratch, sprea
 from prefect_executorch.clips import made_clip  # noqa: E402
 from prefect_executorch.export.exporter import export_program  # noqa: E402
 from prefect_executorch.spec.buildspec import parse_spec  # noqa: E402
-from prefect_executorch.testing.tiny_whisper import write_tiny_whisper  # noqa: E402
+from prefect_executorch.testing.tiny_speech import write_tiny_whisper  # noqa: E402
 
 #: Model shapes by ``--size``: write_tiny_whisper's arguments.
 SIZES: dict[str, dict[str, Any]] = {

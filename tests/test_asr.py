@@ -18,16 +18,17 @@ import pytest
 from prefect_executorch.clips import made_clip
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.export.exporter import export_program
-from prefect_executorch.spec.asr import SPEECH_METADATA, TRANSCRIPTION_CASES_FILE
+from prefect_executorch.spec.asr import SPEECH_METADATA, TRANSCRIPTION_CASES_FILE, WAVEFORM_STEP_METHOD
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
 from prefect_executorch.spec.speech_model import (
+    features_of,
     load_feature_extractor,
     load_speech_tokenizer,
     read_wav,
     validation_clips,
 )
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
-from prefect_executorch.testing.tiny_whisper import write_tiny_whisper
+from prefect_executorch.testing.tiny_speech import write_tiny_moonshine, write_tiny_whisper
 from prefect_executorch.validate.transcription import SpeechBundle, run_transcription_cases
 from prefect_executorch.validate.validator import require_passed, validate_program
 
@@ -74,10 +75,10 @@ def test_a_wrong_asr_spec_is_refused_in_its_own_words(extra: dict[str, Any], mes
     assert message in str(caught.value)
 
 
-def test_a_directory_that_is_not_a_whisper_or_lacks_its_front_end_is_named_before_any_work(
+def test_a_directory_of_another_architecture_or_without_its_front_end_is_named_before_any_work(
         whisper: Path, tmp_path: Path) -> None:
     llama = write_tiny_llm(tmp_path / "llama", "llama", hidden_size=16)
-    with pytest.raises(SpecError, match=r"is a 'llama' model; `asr` builds whisper encoder-decoders"):
+    with pytest.raises(SpecError, match=r"is a 'llama' model; `asr` builds whisper, moonshine encoder-decoders"):
         asr_spec(llama).check_model_reference()
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -224,3 +225,39 @@ def test_transcribe_prints_a_wav_files_text_as_validated_and_its_real_time_facto
     done = subprocess.run([*CLI, "transcribe", str(bundle), str(slow)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 2 and done.stderr.strip() == (
         f"SpecError: AUDIO: {slow} is sampled at 8000 Hz; the model's feature extractor takes 16000 Hz: resample it")
+
+
+# --- a second architecture --------------------------------------------------------------------------------------
+
+def test_a_moonshine_directory_builds_one_program_for_any_length_that_transcribes_as_transformers_generates(
+        tmp_path: Path) -> None:
+    """Moonshine reads the waveform itself (no log-mel front end, no fixed window): its encoder is exported for any
+    length in steps of 384 samples, each clip padded with silence to the next step, and the bundle says the step."""
+    import torch
+    from transformers import MoonshineForConditionalGeneration
+
+    model_dir = write_tiny_moonshine(tmp_path / "moonshine", train_steps=100)
+    (tmp_path / "spec.yaml").write_text(json.dumps({"name": "tiny-moonshine", "version": "1", "model": str(model_dir),
+                                                    "asr": {"max_new_tokens": 12}}))
+    done = subprocess.run([*CLI, "build", "spec.yaml", "--store", "store"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0 and "3 clips, every token as eager's" in done.stdout, done.stdout + done.stderr
+    bundle = tmp_path / "store" / "tiny-moonshine" / "1" / "xnnpack" / "cpu-xnnpack-x86_64"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert set(manifest["methods"]) == {"encoder", "text_decoder", *SPEECH_METADATA, WAVEFORM_STEP_METHOD}
+    assert "preprocessor.pte" not in {entry["path"] for entry in manifest["files"]}  # the waveform is the input
+    cases = json.loads((bundle / "validation.json").read_text())["generation"]["cases"]
+    assert len({tuple(case["actual"]) for case in cases}) > 1, cases  # it hears the clips
+    # A clip longer than any validated one, through `transcribe`: transformers' own greedy generate on the same
+    # padded waveform says the same.
+    samples = made_clip("noise-1500ms", 16000).tolist() * 3 + made_clip("chirp-200-2000hz-2s", 16000).tolist()
+    clip = write_wav(tmp_path / "long.wav", np.array(samples))
+    done = subprocess.run([*CLI, "transcribe", str(bundle), str(clip)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "for 6.50 s of audio" in done.stderr, done.stderr
+    model = MoonshineForConditionalGeneration.from_pretrained(model_dir).eval()
+    heard = read_wav(clip, 16000, 30.0, "clip")
+    with torch.no_grad():
+        generated = model.generate(features_of(load_feature_extractor(model_dir), heard), max_new_tokens=12,
+                                   do_sample=False, num_beams=1)
+    tokenizer = load_speech_tokenizer(bundle)
+    assert done.stdout.strip() == tokenizer.decode(generated[0].tolist(), skip_special_tokens=True).strip() != ""

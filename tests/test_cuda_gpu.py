@@ -304,7 +304,7 @@ def test_a_bf16_whisper_builds_passes_its_agreement_gate_and_transcribes_through
     `transcribe`, whose text is the validated tokens'."""
     from prefect_executorch.clips import made_clip
     from prefect_executorch.spec.speech_model import load_speech_tokenizer
-    from prefect_executorch.testing.tiny_whisper import write_tiny_whisper
+    from prefect_executorch.testing.tiny_speech import write_tiny_whisper
 
     model_dir = write_tiny_whisper(tmp_path / "whisper", train_steps=100)
     (tmp_path / "asr.yaml").write_text(yaml.safe_dump({

@@ -9,11 +9,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from prefect_executorch.cli.app import console, err_console
-from prefect_executorch.spec.asr import SPEECH_METADATA
+from prefect_executorch.spec.asr import SPEECH_METADATA, WAVEFORM_STEP_METHOD
 from prefect_executorch.spec.llm import RUNNER_METADATA
 
 #: Constant methods of LLM and speech programs: what their consumers read, no computation to list.
-METADATA_METHODS = frozenset(RUNNER_METADATA) | frozenset(SPEECH_METADATA)
+METADATA_METHODS = frozenset(RUNNER_METADATA) | frozenset(SPEECH_METADATA) | {WAVEFORM_STEP_METHOD}
 
 
 class LiveView:

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 from prefect_executorch.errors import ExportFailed
 from prefect_executorch.export.quantize import QuantizationFacts, build_facts, quantize_model
 from prefect_executorch.export.stages import run_lowering, summary
-from prefect_executorch.spec.asr import PREPROCESSOR_PROGRAM, SPEECH_MODEL_FILES
+from prefect_executorch.spec.asr import PREPROCESSOR_PROGRAM, SPEECH_MODEL_FILES, WAVEFORM_STEP_METHOD
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.speech_model import (
+    WAVEFORM_MIN_STEPS,
+    WAVEFORM_STEP,
     cache_argument,
     decoder_prompt,
     end_ids,
@@ -22,6 +24,8 @@ from prefect_executorch.spec.speech_model import (
     load_feature_extractor,
     load_speech_model,
     load_speech_tokenizer,
+    takes_waveform,
+    window_s,
 )
 from prefect_executorch.targets.base import Lowered, Target
 
@@ -72,26 +76,32 @@ def cache_length(prompt: list[int], max_new_tokens: int) -> int:
     return len(prompt) + max_new_tokens
 
 
-def speech_metadata(model: PreTrainedModel, prompt: list[int], length: int, features: torch.Tensor) -> dict[str, Any]:
-    """The constant methods a consumer reads to drive the program: its start tokens, end ids, cache and input sizes."""
+def speech_metadata(model: PreTrainedModel, prompt: list[int], length: int, largest: list[int],
+                    waveform: bool) -> dict[str, Any]:
+    """The constant methods a consumer reads to drive the program: its start tokens, end ids, cache, the largest input
+    it takes and, for a waveform encoder, the step its length goes in."""
     return {
         "get_decoder_prompt_ids": prompt,
         "get_eos_ids": end_ids(model),
         "get_max_seq_len": length,
         "get_vocab_size": int(model.config.vocab_size),
-        "get_feature_shape": list(features.shape),
+        "get_feature_shape": largest,
+        **({WAVEFORM_STEP_METHOD: WAVEFORM_STEP} if waveform else {}),
     }
 
 
 def encoder_module(model: PreTrainedModel) -> torch.nn.Module:
     """The encoder and every decoder layer's cross-attention key and value projections of its states, as a module of
-    ``input_features`` alone: keys and values of layer 0, then of layer 1..., each ``[1, heads, frames, head dim]``,
-    computed once a clip, in float32 whatever ``model``'s type (as its features).
+    the encoder's input alone (Whisper's features, Moonshine's waveform): keys and values of layer 0, then of layer
+    1..., each ``[1, heads, frames, head dim]``, computed once a clip, in float32 whatever ``model``'s type (as its
+    input).
 
     (transformers' encoder wrapper passes ``input_ids``; its decoder wrapper projects the encoder's states again on
     every token, 4 layers x 2 GEMMs of 1,500 frames a token at whisper-tiny's size, which eager's cache does once.)
     """
     import torch
+
+    attention = model.get_decoder().layers[0].encoder_attn
 
     class SpeechEncoder(torch.nn.Module):
         def __init__(self) -> None:
@@ -100,11 +110,10 @@ def encoder_module(model: PreTrainedModel) -> torch.nn.Module:
             self.projections = torch.nn.ModuleList(projection for layer in model.get_decoder().layers
                                                    for projection in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj))
 
-        def forward(self, input_features: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            states = self.encoder(input_features=cast(input_features, model.dtype)).last_hidden_state
-            shape = (states.shape[0], -1, model.config.decoder_attention_heads,
-                     model.config.d_model // model.config.decoder_attention_heads)
-            # As WhisperAttention projects them, [batch, heads, frames, head dim]; keys transposed for speech_attention.
+        def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            states = self.encoder(**{model.main_input_name: cast(features, model.dtype)}).last_hidden_state
+            shape = (states.shape[0], -1, self.projections[0].out_features // attention.head_dim, attention.head_dim)
+            # As the attention projects them, [batch, heads, frames, head dim]; keys transposed for speech_attention.
             return tuple(cast(projection(states).view(shape).permute(0, 2, 3, 1).contiguous() if index % 2 == 0
                               else projection(states).view(shape).transpose(1, 2).contiguous(), torch.float32)
                          for index, projection in enumerate(self.projections))
@@ -188,6 +197,7 @@ def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowere
     """Export the spec's speech model (its linears quantized, if the spec says so) as ``encoder`` and ``text_decoder``
     and lower both, with the metadata, tokenizer and front end's settings, into ``out_dir``."""
     import torch
+    from transformers import WhisperFeatureExtractor
 
     assert spec.asr is not None
     # Attention as matmuls and a softmax, which XNNPACK takes whole: SDPA's decomposition leaves its masked-row
@@ -200,12 +210,23 @@ def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowere
     loaded = load_speech_model(spec, attention=SPEECH_ATTENTION)
     prompt = decoder_prompt(spec, loaded, load_speech_tokenizer(spec.model))
     length = cache_length(prompt, spec.asr.max_new_tokens)
-    positions = loaded.config.max_target_positions
+    positions = getattr(loaded.config, "max_target_positions", None) or loaded.config.max_position_embeddings
+    if getattr(loaded.config, "pad_head_dim_to_multiple_of", None):
+        raise ExportFailed(f"model: {spec.model}'s config pads its attention heads (pad_head_dim_to_multiple_of), "
+                           "which the program's attention does not; remove it from config.json (it changes no result)")
     if length > positions:
         raise ExportFailed(f"asr.max_new_tokens: {spec.asr.max_new_tokens} new tokens after {len(prompt)} forced ones "
                            f"pass the decoder's {positions} positions; lower asr.max_new_tokens")
     extractor = load_feature_extractor(spec.model)
-    features = features_of(extractor, torch.zeros(extractor.sampling_rate).numpy())
+    waveform = takes_waveform(extractor)
+    # A waveform encoder takes any length in steps, up to its window; its keys and values have as many frames. It is
+    # exported at its longest: ExecuTorch bounded the input by the example's size, not the declared range (31,104
+    # samples for a 16,128-sample example), and refused longer clips at run time.
+    steps = int(window_s(extractor) * extractor.sampling_rate) // WAVEFORM_STEP
+    features = features_of(extractor, torch.zeros(steps * WAVEFORM_STEP if waveform else extractor.sampling_rate).numpy())
+    frames = torch.export.Dim("frames", min=2, max=steps)
+    encoder_shapes = ({1: WAVEFORM_STEP * torch.export.Dim("steps", min=WAVEFORM_MIN_STEPS, max=steps)},) \
+        if waveform else None
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
     # On the target's device in its compute type: a GPU's compiler builds for the device it was exported on.
     model: Any = target.placed_model(quantize_model(loaded, spec), spec)
@@ -217,19 +238,23 @@ def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowere
             decoder = decoder_module(model, length)
             # strict: the non-strict export of the decoder wrapper fails in ExecuTorch's lowering (run_decompositions:
             # "expected compiled_fn to be GraphModule").
+            decoder_shapes = (None, tuple({3 if index % 2 == 0 else 2: frames} for index in range(len(cross_attention))),
+                              None) if waveform else None
             programs = {
-                ENCODER: torch.export.export(encoder, (features,), strict=True),
+                ENCODER: torch.export.export(encoder, (features,), dynamic_shapes=encoder_shapes, strict=True),
                 DECODER: torch.export.export(decoder, (torch.tensor([[prompt[0]]], device=model.device),
                                                        cross_attention, torch.tensor([0], device=model.device)),
-                                             strict=True),
+                                             dynamic_shapes=decoder_shapes, strict=True),
             }
         except Exception as exc:  # transformers and torch.export raise many types
             raise ExportFailed(f"stage torch.export: the {loaded.config.model_type} model in {spec.model} does not "
                                f"export as an encoder and a decoder with a static cache of {length} positions: "
                                f"{summary(exc)}") from exc
-        metadata = speech_metadata(loaded, prompt, length, features)
+        largest = [1, steps * WAVEFORM_STEP] if waveform else list(features.shape)
+        metadata = speech_metadata(loaded, prompt, length, largest, waveform)
         lowered = run_lowering(lambda: target.lower(programs, spec, out_dir, constant_methods=metadata), target.name)
-    export_front_end(extractor, out_dir / PREPROCESSOR_PROGRAM)
+    if isinstance(extractor, WhisperFeatureExtractor):  # a waveform encoder's front end is the waveform itself
+        export_front_end(extractor, out_dir / PREPROCESSOR_PROGRAM)
     for name in SPEECH_MODEL_FILES:  # what a consumer's tokenizer and front end read, and the model's shape
         if (Path(spec.model) / name).is_file():
             shutil.copyfile(Path(spec.model) / name, out_dir / name)

@@ -1,10 +1,11 @@
-"""The ``asr:`` section of a spec: a speech-recognition encoder-decoder (Whisper) from a local Hugging Face model
-directory.
+"""The ``asr:`` section of a spec: a speech-recognition encoder-decoder (Whisper, Moonshine) from a local Hugging Face
+model directory.
 
 With it, ``model`` names that directory (``config.json``, safetensors weights, ``tokenizer.json``,
-``preprocessor_config.json``) and the program has two methods: ``encoder`` (log-mel features of one 30-s window in,
-hidden states out) and ``text_decoder`` (one token a call into a static self-attention cache, the encoder's states
-beside it), with the metadata a consumer needs to drive them (``export/speech.py``). Validation is by transcript:
+``preprocessor_config.json``) and the program has two methods: ``encoder`` (Whisper's log-mel features of one 30-s
+window, or Moonshine's waveform, in; every decoder layer's cross-attention keys and values out) and ``text_decoder``
+(one token a call into a static self-attention cache, those keys and values beside it), with the metadata a consumer
+needs to drive them (``export/speech.py``). Validation is by transcript:
 each clip through eager PyTorch and through the program, greedy, token for token (``validate/transcription.py``).
 """
 
@@ -28,8 +29,11 @@ PREPROCESSOR_PROGRAM = "preprocessor.pte"
 TRANSCRIPTION_CASES_FILE = "transcription_cases.json"
 #: The constant methods a consumer drives a speech program by (``export/speech.py`` answers each).
 SPEECH_METADATA = ("get_decoder_prompt_ids", "get_eos_ids", "get_max_seq_len", "get_vocab_size", "get_feature_shape")
-#: Config ``model_type``s this section builds (ExecuTorch's and optimum-executorch's ASR exports are Whisper's).
-ARCHITECTURES = ("whisper",)
+#: The constant method of a waveform encoder's program that answers the step its input's length goes in.
+WAVEFORM_STEP_METHOD = "get_waveform_step"
+#: Config ``model_type``s this section builds: Whisper (ExecuTorch's and optimum-executorch's ASR exports are its) and
+#: Moonshine (an encoder of the raw waveform).
+ARCHITECTURES = ("whisper", "moonshine")
 #: The files of a speech model directory that decide a build, where present (weights are every ``*.safetensors``).
 SPEECH_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "added_tokens.json", PREPROCESSOR_FILE)

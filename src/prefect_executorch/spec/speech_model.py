@@ -7,7 +7,7 @@ import inspect
 import wave
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from prefect_executorch.clips import DEFAULT_CLIPS, made_clip
 from prefect_executorch.errors import SpecError
@@ -18,7 +18,17 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
     from tokenizers import Tokenizer
-    from transformers import PreTrainedModel, WhisperFeatureExtractor
+    from transformers import PreTrainedModel
+    from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
+
+
+#: Moonshine's encoder strides the waveform by 64 x 3 x 2 samples: its program takes lengths in steps of this (what
+#: torch.export proves the encoder's shapes for), each clip padded with silence to the next step.
+WAVEFORM_STEP = 384
+#: The fewest steps the waveform program takes (0.26 s at 16 kHz), a shorter clip padded to it.
+WAVEFORM_MIN_STEPS = 11
+#: The longest clip a waveform encoder's program takes: Moonshine has no fixed window.
+WAVEFORM_WINDOW_S = 30.0
 
 
 class Clip(NamedTuple):
@@ -32,21 +42,32 @@ def load_speech_model(spec: BuildSpec, attention: str | None = None) -> PreTrain
     """The model directory's speech encoder-decoder in float32, eval mode, loaded from local files only, with
     transformers' ``attention`` implementation (default: its own choice)."""
     import torch
-    from transformers import AutoConfig, WhisperForConditionalGeneration
+    from transformers import AutoConfig, AutoModelForSpeechSeq2Seq
 
     config = AutoConfig.from_pretrained(spec.model, local_files_only=True)
     if getattr(config, "model_type", None) not in ARCHITECTURES:
         raise SpecError(f"model: architecture {config.model_type!r} ({spec.model}) is not supported by `asr`; "
                         f"supported: {', '.join(ARCHITECTURES)} (docs/asr.md)")
-    return WhisperForConditionalGeneration.from_pretrained(spec.model, local_files_only=True, dtype=torch.float32,
-                                                           attn_implementation=attention).eval()
+    return AutoModelForSpeechSeq2Seq.from_pretrained(spec.model, local_files_only=True, dtype=torch.float32,
+                                                     attn_implementation=attention).eval()
 
 
-def load_feature_extractor(model_dir: str | Path) -> WhisperFeatureExtractor:
-    """The log-mel front end as the model directory's ``preprocessor_config.json`` sets it."""
-    from transformers import WhisperFeatureExtractor
+def load_feature_extractor(model_dir: str | Path) -> SequenceFeatureExtractor:
+    """The front end as the model directory's ``preprocessor_config.json`` sets it: Whisper's log-mel features, or
+    Moonshine's waveform as it is."""
+    from transformers import AutoFeatureExtractor
 
-    return WhisperFeatureExtractor.from_pretrained(str(model_dir), local_files_only=True)
+    return AutoFeatureExtractor.from_pretrained(str(model_dir), local_files_only=True)  # type: ignore[no-any-return]
+
+
+def takes_waveform(extractor: SequenceFeatureExtractor) -> bool:
+    """Whether the encoder reads the waveform itself (Moonshine) rather than features of a fixed window (Whisper)."""
+    return bool(cast(Any, extractor).model_input_names[0] == "input_values")
+
+
+def window_s(extractor: SequenceFeatureExtractor) -> float:
+    """The longest clip the encoder takes, in seconds."""
+    return WAVEFORM_WINDOW_S if takes_waveform(extractor) else float(cast(Any, extractor).chunk_length)
 
 
 def load_speech_tokenizer(model_dir: str | Path) -> Tokenizer:
@@ -111,18 +132,25 @@ def read_wav(path: Path, rate: int, window_s: float, field: str) -> np.ndarray:
     return samples
 
 
-def validation_clips(spec: BuildSpec, extractor: WhisperFeatureExtractor) -> list[Clip]:
+def validation_clips(spec: BuildSpec, extractor: SequenceFeatureExtractor) -> list[Clip]:
     """The spec's clips (or the default ones), each as samples at the feature extractor's rate."""
     assert spec.asr is not None
-    rate, window = int(extractor.sampling_rate), float(extractor.chunk_length)
+    rate, window = int(extractor.sampling_rate), window_s(extractor)
     if not spec.asr.clips:
         return [Clip(name=name, samples=made_clip(name, rate)) for name in DEFAULT_CLIPS]
     return [Clip(name=Path(clip).name, samples=read_wav(Path(clip), rate, window, f"asr.clips[{index}]"))
             for index, clip in enumerate(spec.asr.clips)]
 
 
-def features_of(extractor: WhisperFeatureExtractor, samples: np.ndarray) -> torch.Tensor:
-    """The clip's log-mel features, padded to the encoder's window: ``[1, mel bins, frames]``."""
-    features = extractor(samples, sampling_rate=extractor.sampling_rate, return_tensors="pt").input_features
-    return features  # type: ignore[no-any-return]
+def features_of(extractor: SequenceFeatureExtractor, samples: np.ndarray) -> torch.Tensor:
+    """What the encoder reads of the clip: its log-mel features, padded to the encoder's window (``[1, mel bins,
+    frames]``), or its waveform padded with silence to the next ``WAVEFORM_STEP`` (``[1, samples]``)."""
+    import torch
+
+    inputs = cast(Any, extractor)(samples, sampling_rate=extractor.sampling_rate, return_tensors="pt")
+    if not takes_waveform(extractor):
+        return inputs.input_features  # type: ignore[no-any-return]
+    values = inputs.input_values
+    steps = max(-(-values.shape[-1] // WAVEFORM_STEP), WAVEFORM_MIN_STEPS)
+    return torch.nn.functional.pad(values, (0, steps * WAVEFORM_STEP - values.shape[-1]))
 

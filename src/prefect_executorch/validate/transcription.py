@@ -32,6 +32,7 @@ from prefect_executorch.spec.speech_model import (
     load_speech_tokenizer,
     read_wav,
     validation_clips,
+    window_s,
 )
 from prefect_executorch.targets import get_target
 from prefect_executorch.validate.generation import compare_generation
@@ -42,7 +43,8 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
     from tokenizers import Tokenizer
-    from transformers import PreTrainedModel, WhisperFeatureExtractor
+    from transformers import PreTrainedModel
+    from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
 
     from prefect_executorch.validate.validator import ValidateRequest
 
@@ -101,9 +103,9 @@ class Transcript(BaseModel):
         return (self.features_s + self.program_s) / self.audio_s
 
 
-def bundle_clips(cases: TranscriptionCases, bundle: Path, extractor: WhisperFeatureExtractor) -> list[Clip]:
+def bundle_clips(cases: TranscriptionCases, bundle: Path, extractor: SequenceFeatureExtractor) -> list[Clip]:
     """The cases' clips as samples: made again by name, or read from the bundle's copies."""
-    rate, window = int(extractor.sampling_rate), float(extractor.chunk_length)
+    rate, window = int(extractor.sampling_rate), window_s(extractor)
     return [Clip(name=name, samples=made_clip(name, rate) if name in DEFAULT_CLIPS
                  else read_wav(bundle / name, rate, window, f"{TRANSCRIPTION_CASES_FILE}: clip {name}"))
             for name in cases.clips]
@@ -177,7 +179,7 @@ def transcribe_in_child(request: dict[str, Any]) -> Transcript:
     bundle = Path(req.bundle_dir)
     front, tokenizer = FrontEnd(bundle), load_speech_tokenizer(bundle)
     rate = int(front.extractor.sampling_rate)
-    samples = read_wav(Path(req.audio), rate, float(front.extractor.chunk_length), "AUDIO")
+    samples = read_wav(Path(req.audio), rate, window_s(front.extractor), "AUDIO")
     transcriber = req.open()
     room = transcriber.max_new_tokens
     started = time.perf_counter()
@@ -195,7 +197,7 @@ def eager_transcript(model: PreTrainedModel, features: torch.Tensor, prompt: lis
     """Eager PyTorch's greedy transcript of ``features`` after ``prompt``: the encoder once, the decoder a token a call."""
     import torch
 
-    encoded = model.get_encoder()(input_features=features)
+    encoded = model.get_encoder()(**{model.main_input_name: features})
     cache_name = cache_argument(model.forward)
     output = model(encoder_outputs=encoded, decoder_input_ids=torch.tensor([prompt]), use_cache=True)
     tokens: list[int] = []
@@ -208,8 +210,9 @@ def eager_transcript(model: PreTrainedModel, features: torch.Tensor, prompt: lis
 
 
 class FrontEnd:
-    """Log-mel features as the bundle's consumer computes them: its front-end program (a bundle built before it had
-    one: ``WhisperFeatureExtractor`` with the bundle's settings)."""
+    """The encoder's input as the bundle's consumer computes it: log-mel features by its front-end program (a bundle
+    built before it had one: ``WhisperFeatureExtractor`` with the bundle's settings), a waveform encoder's by its
+    extractor (the waveform, padded to its step)."""
 
     def __init__(self, bundle: Path) -> None:
         self.extractor = load_feature_extractor(bundle)
@@ -217,7 +220,8 @@ class FrontEnd:
         self.program = LoadedProgram(path, None) if path.is_file() else None
 
     def features(self, samples: np.ndarray) -> torch.Tensor:
-        """``samples``' features ``[1, mel bins, frames]``, padded to the encoder's window."""
+        """``samples``' features ``[1, mel bins, frames]``, padded to the encoder's window (a waveform: ``[1, samples]``,
+        padded to its step)."""
         import torch
 
         if self.program is None:
