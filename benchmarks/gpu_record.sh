@@ -27,7 +27,8 @@ print("stack:", *(f"{name} {version(name)}" for name in ("torch", "executorch", 
 } > "$out/stack-$step.txt" 2>&1
 case $step in
   tests)
-    python3 -m pytest -m "cuda or tensorrt" -n 8 -ra --junitxml "$out/junit-cuda.xml" "$@" 2>&1 | tee "$out/pytest-cuda.log";;
+    # -v: each result named as it lands, so a run stopped by its time limit (no junit then) still says what passed.
+    python3 -m pytest -m "cuda or tensorrt" -n 8 -ra -v --junitxml "$out/junit-cuda.xml" "$@" 2>&1 | tee "$out/pytest-cuda.log";;
   latency)
     python3 benchmarks/gpu_latency.py "$@" 2>&1 | tee "$out/gpu_latency.log";;
   llm)
