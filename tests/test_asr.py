@@ -27,8 +27,10 @@ from prefect_executorch.spec.speech_model import (
     read_wav,
     validation_clips,
 )
+from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.testing.tiny_speech import write_tiny_moonshine, write_tiny_whisper
+from prefect_executorch.validate.sidebyside import ProgramFiles, SideBySideRequest, side_by_side_in_child
 from prefect_executorch.validate.transcription import SpeechBundle, run_transcription_cases
 from prefect_executorch.validate.validator import require_passed, validate_program
 
@@ -261,3 +263,25 @@ def test_a_moonshine_directory_builds_one_program_for_any_length_that_transcribe
                                    do_sample=False, num_beams=1)
     tokenizer = load_speech_tokenizer(bundle)
     assert done.stdout.strip() == tokenizer.decode(generated[0].tolist(), skip_special_tokens=True).strip() != ""
+
+
+def test_promote_compares_two_speech_bundles_by_transcript_and_refuses_ones_that_hear_otherwise(
+        built: tuple[Path, Path], tmp_path: Path) -> None:
+    """The side-by-side `promote` runs: the default clips through both programs; bundles whose front ends differ
+    would give the two programs different inputs, so they are refused before either runs."""
+    _, bundle = built
+    same = ProgramFiles(dir=str(bundle), program="model.pte")
+    validation = ValidationSpec(latency_runs=3, latency_warmup=1, latency_max_s=5)
+    compared = side_by_side_in_child(SideBySideRequest(current=same, candidate=same, methods={}, validation=validation,
+                                                       speech=True).model_dump())
+    [method] = compared.methods
+    assert (method.method, method.cases, method.disagreeing) == ("transcribe", 3, 0), method
+    assert method.current is not None and method.candidate is not None and method.candidate.p50_ms > 0
+    other = tmp_path / "other"
+    shutil.copytree(bundle, other)
+    settings = json.loads((other / "preprocessor_config.json").read_text())
+    (other / "preprocessor_config.json").write_text(json.dumps({**settings, "padding_value": 0.5}))
+    with pytest.raises(ValidationFailed, match=r"the current bundle's front end \(its preprocessor_config.json\) is "
+                                               r"not the candidate's"):
+        side_by_side_in_child(SideBySideRequest(current=same, candidate=ProgramFiles(dir=str(other), program="model.pte"),
+                                                methods={}, validation=validation, speech=True).model_dump())

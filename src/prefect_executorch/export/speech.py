@@ -1,5 +1,5 @@
-"""Child side of a speech-recognition export: the encoder (one window of log-mel features in, every decoder layer's
-cross-attention keys and values out) and the text decoder (one token a call into a static self-attention cache, those
+"""Child side of a speech-recognition export: the encoder (Whisper's log-mel features of one window, or Moonshine's
+waveform, in; every decoder layer's cross-attention keys and values out) and the text decoder (one token a call into a static self-attention cache, those
 keys and values beside it) from transformers' ExecuTorch wrappers, lowered into one program with the metadata a
 consumer drives them by."""
 
@@ -25,7 +25,7 @@ from prefect_executorch.spec.speech_model import (
     load_speech_model,
     load_speech_tokenizer,
     takes_waveform,
-    window_s,
+    waveform_steps,
 )
 from prefect_executorch.targets.base import Lowered, Target
 
@@ -66,9 +66,21 @@ def speech_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return output.transpose(1, 2).contiguous(), None
 
 
-def cast(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def in_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``tensor`` in ``dtype``; the same tensor (no operator in the graph) where it is in it already."""
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+def waveform_lengths(steps: int, tensors: int) -> tuple[Any, Any]:
+    """The dynamic shapes of a waveform encoder's method (its samples: any number of ``WAVEFORM_STEP`` steps up to
+    ``steps``) and of the decoder's (the frames of the ``tensors`` cross-attention keys and values it takes, as many as
+    the encoder makes: fewer than its steps)."""
+    import torch
+
+    frames = torch.export.Dim("frames", min=2, max=steps)
+    samples = WAVEFORM_STEP * torch.export.Dim("steps", min=WAVEFORM_MIN_STEPS, max=steps)
+    # Keys come transposed ([batch, heads, head dim, frames]), values not ([batch, heads, frames, head dim]).
+    return ({1: samples},), (None, tuple({3 if index % 2 == 0 else 2: frames} for index in range(tensors)), None)
 
 
 def cache_length(prompt: list[int], max_new_tokens: int) -> int:
@@ -111,10 +123,10 @@ def encoder_module(model: PreTrainedModel) -> torch.nn.Module:
                                                    for projection in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj))
 
         def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            states = self.encoder(**{model.main_input_name: cast(features, model.dtype)}).last_hidden_state
+            states = self.encoder(**{model.main_input_name: in_dtype(features, model.dtype)}).last_hidden_state
             shape = (states.shape[0], -1, self.projections[0].out_features // attention.head_dim, attention.head_dim)
             # As the attention projects them, [batch, heads, frames, head dim]; keys transposed for speech_attention.
-            return tuple(cast(projection(states).view(shape).permute(0, 2, 3, 1).contiguous() if index % 2 == 0
+            return tuple(in_dtype(projection(states).view(shape).permute(0, 2, 3, 1).contiguous() if index % 2 == 0
                               else projection(states).view(shape).transpose(1, 2).contiguous(), torch.float32)
                          for index, projection in enumerate(self.projections))
 
@@ -159,7 +171,7 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
 
         def forward(self, decoder_input_ids: torch.Tensor, cross_attention: tuple[torch.Tensor, ...],
                     cache_position: torch.Tensor) -> torch.Tensor:
-            cross_attention = tuple(cast(tensor, model.dtype) for tensor in cross_attention)
+            cross_attention = tuple(in_dtype(tensor, model.dtype) for tensor in cross_attention)
             for layer in self.static_cache.layers:  # the wrapper's own reset: positions from cache_position
                 layer.cumulative_length.copy_(cache_position[0])
             # A cross-attention cache that holds every layer's keys and values counts as updated: the attention reads
@@ -170,7 +182,7 @@ def decoder_module(model: PreTrainedModel, length: int) -> torch.nn.Module:
             states = cross_attention[1].transpose(1, 2).flatten(2)
             outputs = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=states, use_cache=True,
                                    **{cache_name: cache})
-            return cast(self.lm_head(outputs[0]), torch.float32)
+            return in_dtype(self.lm_head(outputs[0]), torch.float32)
 
     cache_name = cache_argument(model.get_decoder().forward)
     for layer in model.get_decoder().layers:
@@ -211,22 +223,17 @@ def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowere
     prompt = decoder_prompt(spec, loaded, load_speech_tokenizer(spec.model))
     length = cache_length(prompt, spec.asr.max_new_tokens)
     positions = getattr(loaded.config, "max_target_positions", None) or loaded.config.max_position_embeddings
-    if getattr(loaded.config, "pad_head_dim_to_multiple_of", None):
-        raise ExportFailed(f"model: {spec.model}'s config pads its attention heads (pad_head_dim_to_multiple_of), "
-                           "which the program's attention does not; remove it from config.json (it changes no result)")
     if length > positions:
         raise ExportFailed(f"asr.max_new_tokens: {spec.asr.max_new_tokens} new tokens after {len(prompt)} forced ones "
                            f"pass the decoder's {positions} positions; lower asr.max_new_tokens")
     extractor = load_feature_extractor(spec.model)
     waveform = takes_waveform(extractor)
-    # A waveform encoder takes any length in steps, up to its window; its keys and values have as many frames. It is
-    # exported at its longest: ExecuTorch bounded the input by the example's size, not the declared range (31,104
-    # samples for a 16,128-sample example), and refused longer clips at run time.
-    steps = int(window_s(extractor) * extractor.sampling_rate) // WAVEFORM_STEP
-    features = features_of(extractor, torch.zeros(steps * WAVEFORM_STEP if waveform else extractor.sampling_rate).numpy())
-    frames = torch.export.Dim("frames", min=2, max=steps)
-    encoder_shapes = ({1: WAVEFORM_STEP * torch.export.Dim("steps", min=WAVEFORM_MIN_STEPS, max=steps)},) \
-        if waveform else None
+    # A waveform encoder is exported at its longest: ExecuTorch bounded the input by the example's size, not the
+    # declared range (31,104 samples for a 16,128-sample example), and refused longer clips at run time.
+    example = waveform_steps(extractor) * WAVEFORM_STEP if waveform else extractor.sampling_rate
+    features = features_of(extractor, torch.zeros(example).numpy())
+    encoder_shapes, decoder_shapes = waveform_lengths(features.shape[-1] // WAVEFORM_STEP,
+                                                      2 * len(loaded.get_decoder().layers)) if waveform else (None, None)
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
     # On the target's device in its compute type: a GPU's compiler builds for the device it was exported on.
     model: Any = target.placed_model(quantize_model(loaded, spec), spec)
@@ -238,8 +245,6 @@ def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowere
             decoder = decoder_module(model, length)
             # strict: the non-strict export of the decoder wrapper fails in ExecuTorch's lowering (run_decompositions:
             # "expected compiled_fn to be GraphModule").
-            decoder_shapes = (None, tuple({3 if index % 2 == 0 else 2: frames} for index in range(len(cross_attention))),
-                              None) if waveform else None
             programs = {
                 ENCODER: torch.export.export(encoder, (features,), dynamic_shapes=encoder_shapes, strict=True),
                 DECODER: torch.export.export(decoder, (torch.tensor([[prompt[0]]], device=model.device),
@@ -250,8 +255,7 @@ def lower_speech(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowere
             raise ExportFailed(f"stage torch.export: the {loaded.config.model_type} model in {spec.model} does not "
                                f"export as an encoder and a decoder with a static cache of {length} positions: "
                                f"{summary(exc)}") from exc
-        largest = [1, steps * WAVEFORM_STEP] if waveform else list(features.shape)
-        metadata = speech_metadata(loaded, prompt, length, largest, waveform)
+        metadata = speech_metadata(loaded, prompt, length, list(features.shape), waveform)
         lowered = run_lowering(lambda: target.lower(programs, spec, out_dir, constant_methods=metadata), target.name)
     if isinstance(extractor, WhisperFeatureExtractor):  # a waveform encoder's front end is the waveform itself
         export_front_end(extractor, out_dir / PREPROCESSOR_PROGRAM)

@@ -67,7 +67,7 @@ class BuildSpec(StrictModel):
         None, description="A decoder language model: `model` is its Hugging Face model directory (docs/llm.md)."
     )
     asr: SpeechRecognitionSpec | None = Field(
-        None, description="A speech recognition encoder-decoder (Whisper): `model` is its Hugging Face model "
+        None, description="A speech recognition encoder-decoder (Whisper, Moonshine): `model` is its Hugging Face model "
         "directory (docs/asr.md).")
     model: str = Field(description="'package.module:factory' or 'path/to/file.py:factory'; with `llm` or `asr`, a "
                        "Hugging Face model directory.")

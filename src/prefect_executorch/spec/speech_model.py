@@ -48,8 +48,12 @@ def load_speech_model(spec: BuildSpec, attention: str | None = None) -> PreTrain
     if getattr(config, "model_type", None) not in ARCHITECTURES:
         raise SpecError(f"model: architecture {config.model_type!r} ({spec.model}) is not supported by `asr`; "
                         f"supported: {', '.join(ARCHITECTURES)} (docs/asr.md)")
-    return AutoModelForSpeechSeq2Seq.from_pretrained(spec.model, local_files_only=True, dtype=torch.float32,
-                                                     attn_implementation=attention).eval()
+    # Moonshine may pad its attention heads with zeros for kernels that want a multiple: no result changes without
+    # them, and the program's attention takes the keys and values the encoder method made, unpadded.
+    if getattr(config, "pad_head_dim_to_multiple_of", None):
+        config.pad_head_dim_to_multiple_of = None
+    return AutoModelForSpeechSeq2Seq.from_pretrained(spec.model, config=config, local_files_only=True,
+                                                     dtype=torch.float32, attn_implementation=attention).eval()
 
 
 def load_feature_extractor(model_dir: str | Path) -> SequenceFeatureExtractor:
@@ -68,6 +72,11 @@ def takes_waveform(extractor: SequenceFeatureExtractor) -> bool:
 def window_s(extractor: SequenceFeatureExtractor) -> float:
     """The longest clip the encoder takes, in seconds."""
     return WAVEFORM_WINDOW_S if takes_waveform(extractor) else float(cast(Any, extractor).chunk_length)
+
+
+def waveform_steps(extractor: SequenceFeatureExtractor) -> int:
+    """The ``WAVEFORM_STEP`` steps that hold the longest clip a waveform encoder takes."""
+    return -(-int(window_s(extractor) * extractor.sampling_rate) // WAVEFORM_STEP)
 
 
 def load_speech_tokenizer(model_dir: str | Path) -> Tokenizer:

@@ -71,7 +71,10 @@ def write_tiny_moonshine(model_dir: Path, *, hidden: int = 64, layers: int = 2, 
     model = MoonshineForConditionalGeneration(MoonshineConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, encoder_num_hidden_layers=layers,
         decoder_num_hidden_layers=layers, encoder_num_attention_heads=4, decoder_num_attention_heads=4,
-        max_position_embeddings=64, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, pad_token_id=2))
+        max_position_embeddings=64, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1, pad_token_id=2,
+        # Heads of 16 padded with zeros to 24, as a checkpoint may ask for its kernels: a build must leave them out
+        # and still transcribe what transformers does with them.
+        pad_head_dim_to_multiple_of=12))
     model.generation_config = GenerationConfig(decoder_start_token_id=1, eos_token_id=2, pad_token_id=2)
     # As UsefulSensors' checkpoints set it: the waveform as it is, no normalisation.
     extractor = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=16000, padding_value=0.0, do_normalize=False,

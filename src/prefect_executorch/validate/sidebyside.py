@@ -239,6 +239,14 @@ def side_by_side_in_child(request: dict[str, Any]) -> SideBySide:
         return SideBySide(methods=[_side_by_side(req, name, programs) for name in req.methods])
 
 
+def _require_one_process(req: SideBySideRequest, kind: str, kinds: str, doc: str) -> None:
+    """Refuse a side-by-side of two ``kind`` bundles whose target's runtime holds one program a process."""
+    if req.alone is not None:
+        raise ValidationFailed(f"a side-by-side of two {kind} bundles of target {req.target} needs both programs in one "
+                               f"process, which this target's runtime cannot hold: {kinds} are compared side by side on "
+                               f"CPU targets only for now ({doc})")
+
+
 def _generation_side_by_side(req: SideBySideRequest) -> MethodComparison:
     """The candidate's prompts greedily through both bundles' LLM runners: the same tokens, and the time of a whole
     generation (the first prompt's) with their windows interleaved."""
@@ -246,10 +254,7 @@ def _generation_side_by_side(req: SideBySideRequest) -> MethodComparison:
     from prefect_executorch.validate.generation import GenerationCases, compare_generation
     from prefect_executorch.validate.llm_runner import RunnerRequest
 
-    if req.alone is not None:
-        raise ValidationFailed(f"a side-by-side of two decoder-LM bundles of target {req.target} needs both programs "
-                               "in one process, which this target's runtime cannot hold: decoder LMs are compared side "
-                               "by side on CPU targets only for now (docs/llm.md)")
+    _require_one_process(req, "decoder-LM", "decoder LMs", "docs/llm.md")
     cases = GenerationCases.model_validate_json((Path(req.candidate.dir) / GENERATION_CASES_FILE).read_text())
     current, candidate = (RunnerRequest(bundle_dir=files.dir, target=req.target, data_files=files.data_files).open()
                           for files in (req.current, req.candidate))
@@ -275,6 +280,14 @@ def _speech_side_by_side(req: SideBySideRequest) -> MethodComparison:
     from prefect_executorch.validate.generation import compare_generation
     from prefect_executorch.validate.transcription import ProgramTranscriber
 
+    _require_one_process(req, "speech", "speech models", "docs/asr.md")
+    fronts = [load_feature_extractor(files.dir).to_json_string() for files in (req.current, req.candidate)]
+    if fronts[0] != fronts[1]:
+        raise ValidationFailed("the current bundle's front end (its preprocessor_config.json) is not the candidate's, so "
+                               "one clip would give the two programs different inputs: a side-by-side compares speech "
+                               "models that take the same features; promote a candidate built with the current one's "
+                               "front end")
+    get_target(req.target).runtime_setup(req.candidate.runtime_hints)
     current, candidate = (ProgramTranscriber(files.load()) for files in (req.current, req.candidate))
     new_tokens = candidate.max_new_tokens
     extractor = load_feature_extractor(req.candidate.dir)

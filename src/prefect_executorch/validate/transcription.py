@@ -1,8 +1,9 @@
-"""Validation by transcript: each clip's log-mel features through eager PyTorch and through the program, both
+"""Validation by transcript: each clip's encoder input (Whisper's log-mel features, Moonshine's waveform) through
+eager PyTorch and through the program, both
 greedy from the same forced start tokens (the argmax after each token, no logits processor on either side: a
 model's ``suppress_tokens`` are not applied, as a consumer driving the program does not apply them), up to
 ``asr.max_new_tokens`` tokens or an end id. A float32 program must transcribe what eager does, token for token;
-a quantized one is judged by its agreement with fp32 eager (``asr.min_token_agreement``)."""
+a quantized or bf16 one is judged by its agreement with fp32 eager (``asr.min_token_agreement``)."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ class Transcript(BaseModel):
     text: str
     tokens: list[int]
     audio_s: float
-    features_s: float = Field(description="The log-mel front end (the bundle's preprocessor settings).")
+    features_s: float = Field(description="The front end: the encoder's input by the bundle's preprocessor settings.")
     program_s: float = Field(description="The encoder once and the decoder a token a call.")
     stats: GenerationStats
     capped_at: int | None = Field(default=None, description="The new tokens the cache holds, where fewer than asked "
@@ -177,10 +178,10 @@ def transcribe_in_child(request: dict[str, Any]) -> Transcript:
     """Child side: the audio's features, then the program from its start tokens to an end id or the token limit."""
     req = TranscribeRequest.model_validate(request)
     bundle = Path(req.bundle_dir)
+    transcriber = req.open()  # the target's runtime set up before the front-end program loads ExecuTorch's own
     front, tokenizer = FrontEnd(bundle), load_speech_tokenizer(bundle)
     rate = int(front.extractor.sampling_rate)
     samples = read_wav(Path(req.audio), rate, window_s(front.extractor), "AUDIO")
-    transcriber = req.open()
     room = transcriber.max_new_tokens
     started = time.perf_counter()
     features = front.features(samples)
@@ -335,7 +336,8 @@ def front_end_gate(errors: dict[str, float], spec: BuildSpec) -> GateResult:
 
 
 def agreement_gate(report: GenerationReport, spec: BuildSpec) -> GateResult:
-    """A quantized build's gate: the share of fp32 eager's tokens it transcribes the same, before each first divergence."""
+    """A quantized or bf16 build's gate: the share of fp32 eager's tokens it transcribes the same, before each first
+    divergence."""
     assert spec.asr is not None
     agreement, minimum = report.agreement(), spec.asr.min_token_agreement
     return GateResult(gate="min_token_agreement", section="asr", method=DECODER, measured=agreement, limit=minimum,
