@@ -1,7 +1,7 @@
 """Child side of a speech-recognition export: the encoder (Whisper's log-mel features of one window, or Moonshine's
-waveform, in; every decoder layer's cross-attention keys and values out) and the text decoder (one token a call into a static self-attention cache, those
-keys and values beside it) from transformers' ExecuTorch wrappers, lowered into one program with the metadata a
-consumer drives them by."""
+waveform, in; every decoder layer's cross-attention keys and values out) and the text decoder (one token a call into a
+static self-attention cache, those keys and values beside it) from transformers' ExecuTorch wrappers, lowered into one
+program with the metadata a consumer drives them by."""
 
 from __future__ import annotations
 

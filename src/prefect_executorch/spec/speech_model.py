@@ -74,9 +74,14 @@ def window_s(extractor: SequenceFeatureExtractor) -> float:
     return WAVEFORM_WINDOW_S if takes_waveform(extractor) else float(cast(Any, extractor).chunk_length)
 
 
+def steps_holding(samples: int) -> int:
+    """The fewest ``WAVEFORM_STEP`` steps that hold ``samples``."""
+    return -(-samples // WAVEFORM_STEP)
+
+
 def waveform_steps(extractor: SequenceFeatureExtractor) -> int:
     """The ``WAVEFORM_STEP`` steps that hold the longest clip a waveform encoder takes."""
-    return -(-int(window_s(extractor) * extractor.sampling_rate) // WAVEFORM_STEP)
+    return steps_holding(int(window_s(extractor) * extractor.sampling_rate))
 
 
 def load_speech_tokenizer(model_dir: str | Path) -> Tokenizer:
@@ -160,6 +165,6 @@ def features_of(extractor: SequenceFeatureExtractor, samples: np.ndarray) -> tor
     if not takes_waveform(extractor):
         return inputs.input_features  # type: ignore[no-any-return]
     values = inputs.input_values
-    steps = max(-(-values.shape[-1] // WAVEFORM_STEP), WAVEFORM_MIN_STEPS)
+    steps = max(steps_holding(values.shape[-1]), WAVEFORM_MIN_STEPS)
     return torch.nn.functional.pad(values, (0, steps * WAVEFORM_STEP - values.shape[-1]))
 

@@ -281,8 +281,8 @@ def _speech_side_by_side(req: SideBySideRequest) -> MethodComparison:
     from prefect_executorch.validate.transcription import ProgramTranscriber
 
     _require_one_process(req, "speech", "speech models", "docs/asr.md")
-    fronts = [load_feature_extractor(files.dir).to_json_string() for files in (req.current, req.candidate)]
-    if fronts[0] != fronts[1]:
+    heard, extractor = (load_feature_extractor(files.dir) for files in (req.current, req.candidate))
+    if heard.to_json_string() != extractor.to_json_string():
         raise ValidationFailed("the current bundle's front end (its preprocessor_config.json) is not the candidate's, so "
                                "one clip would give the two programs different inputs: a side-by-side compares speech "
                                "models that take the same features; promote a candidate built with the current one's "
@@ -290,7 +290,6 @@ def _speech_side_by_side(req: SideBySideRequest) -> MethodComparison:
     get_target(req.target).runtime_setup(req.candidate.runtime_hints)
     current, candidate = (ProgramTranscriber(files.load()) for files in (req.current, req.candidate))
     new_tokens = candidate.max_new_tokens
-    extractor = load_feature_extractor(req.candidate.dir)
     clips = {name: features_of(extractor, made_clip(name, extractor.sampling_rate)) for name in DEFAULT_CLIPS}
     compared = [compare_generation(name, len(candidate.prompt), [str(t) for t in current.transcribe(features, new_tokens)[0]],
                                    [str(t) for t in candidate.transcribe(features, new_tokens)[0]],

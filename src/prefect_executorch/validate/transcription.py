@@ -1,8 +1,7 @@
 """Validation by transcript: each clip's encoder input (Whisper's log-mel features, Moonshine's waveform) through
-eager PyTorch and through the program, both
-greedy from the same forced start tokens (the argmax after each token, no logits processor on either side: a
-model's ``suppress_tokens`` are not applied, as a consumer driving the program does not apply them), up to
-``asr.max_new_tokens`` tokens or an end id. A float32 program must transcribe what eager does, token for token;
+eager PyTorch and through the program, both greedy from the same forced start tokens (the argmax after each token, no
+logits processor on either side: a model's ``suppress_tokens`` are not applied, as a consumer driving the program does
+not apply them), up to ``asr.max_new_tokens`` tokens or an end id. A float32 program must transcribe what eager does, token for token;
 a quantized or bf16 one is judged by its agreement with fp32 eager (``asr.min_token_agreement``)."""
 
 from __future__ import annotations
