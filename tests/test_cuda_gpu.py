@@ -332,6 +332,32 @@ def test_a_bf16_whisper_builds_passes_its_agreement_gate_and_transcribes_through
                                                                                                       transcribed)
 
 
+def test_a_bf16_moonshine_builds_one_program_for_any_length_and_transcribes_through_the_cli(
+        gpu: Toolchain, tmp_path: Path) -> None:
+    """Moonshine on cuda: its encoder of any number of 384-sample steps and its decoder (a gated MLP: the ``chunk``
+    the CUDA backend cannot compile as a split, so lowered as slices) compiled by the CUDA backend in bf16; a clip
+    longer than any validated one transcribes through the CLI."""
+    import numpy as np
+
+    from prefect_executorch.clips import made_clip
+    from prefect_executorch.testing.tiny_speech import write_tiny_moonshine
+
+    model_dir = write_tiny_moonshine(tmp_path / "moonshine", train_steps=100)
+    (tmp_path / "asr.yaml").write_text(yaml.safe_dump({
+        "name": "tiny-moonshine", "version": "1", "model": str(model_dir),
+        "target": {"kind": "cuda", "precision": "bf16"}, "asr": {"max_new_tokens": 12}}))
+    cli = _cli_in(tmp_path)
+    cli("build", "asr.yaml")
+    bundle = tmp_path / "store" / "tiny-moonshine" / "1" / "cuda" / f"{gpu.cuda_channel}-{gpu.sm}-cuda-{gpu.arch}"
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["validation"]["passed"] and "preprocessor.pte" not in {f["path"] for f in manifest["files"]}
+    assert {name: manifest["methods"][name]["delegates"] for name in ("encoder", "text_decoder")} == \
+        {"encoder": ["CudaBackend"], "text_decoder": ["CudaBackend"]}
+    samples = made_clip("noise-1500ms", 16000).tolist() * 3 + made_clip("chirp-200-2000hz-2s", 16000).tolist()
+    transcribed = cli("transcribe", str(bundle), str(write_wav(tmp_path / "long.wav", np.array(samples))))
+    assert "for 6.50 s of audio" in transcribed, transcribed
+
+
 def test_the_runtime_setup_lets_the_cuda_pool_keep_its_memory(gpu: Toolchain) -> None:
     """CudaBackend allocates from the default pool every call; validation times it as a server would run it."""
     import ctypes

@@ -127,6 +127,39 @@ def triton_choice(options: CudaOptions, method: str, program: ExportedProgram) -
                    "attention); target.precision: bf16 would use them")
 
 
+def _split_as_slices(tensor: torch.Tensor, sizes: list[int], dim: int) -> list[torch.Tensor]:
+    import torch
+
+    starts = [sum(sizes[:index]) for index in range(len(sizes))]
+    return [torch.ops.aten.slice.Tensor(tensor, dim, start, start + size) for start, size in zip(starts, sizes, strict=True)]
+
+
+def _split(tensor: torch.Tensor, split_size: int, dim: int = 0) -> Any:
+    length = tensor.shape[dim]
+    if not isinstance(length, int):  # a dynamic dim: the number of pieces is the graph's, not known here
+        return NotImplemented
+    return _split_as_slices(tensor, [min(split_size, length - start) for start in range(0, length, split_size)], dim)
+
+
+def _split_with_sizes(tensor: torch.Tensor, split_sizes: list[int], dim: int = 0) -> list[torch.Tensor]:
+    return _split_as_slices(tensor, list(split_sizes), dim)
+
+
+def splits_as_slices(program: ExportedProgram) -> ExportedProgram:
+    """``program`` with its splits (``chunk`` in a model's code) as slices of their input.
+
+    The CUDA backend has no kernel for the ``split_copy`` that the edge dialect makes of a split (ExecuTorch
+    1.4.1: "missing fallback kernels: aten::split_copy.Tensor", seen on Moonshine's gated MLP); slices are
+    views Inductor compiles. Only the two split operators are decomposed; a program without them is returned as is.
+    """
+    import torch
+
+    table = {torch.ops.aten.split.Tensor: _split, torch.ops.aten.split_with_sizes.default: _split_with_sizes}
+    if not any(node.op == "call_function" and node.target in table for node in program.graph_module.graph.nodes):
+        return program
+    return program.run_decompositions(table)
+
+
 def in_precision(inner: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """``inner`` computing in ``dtype`` behind float32 inputs and outputs (the spec's interface stays)."""
     import torch
@@ -265,7 +298,7 @@ class CudaTarget(GpuTarget):
         # The spec's Inductor settings hold for the whole compile; the backend's own options still win over them.
         with inductor_config.patch(options.inductor):
             edge = to_edge_transform_and_lower(
-                programs, partitioner=partitioners,
+                {name: splits_as_slices(program) for name, program in programs.items()}, partitioner=partitioners,
                 compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
                 constant_methods=constant_methods,
             )
