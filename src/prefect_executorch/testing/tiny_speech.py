@@ -19,14 +19,15 @@ MOONSHINE_SPECIALS = ("<unk>", "<s>", "</s>")
 
 
 def write_tiny_whisper(model_dir: Path, *, d_model: int = 64, layers: int = 2, mel_bins: int = 80, seed: int = 0,
-                       train_steps: int = 0,
-                       **config: Any) -> Path:
+                       train_steps: int = 0, window_s: int = 30, **config: Any) -> Path:
     """A Hugging Face Whisper directory (config.json, model.safetensors, tokenizer.json, preprocessor_config.json).
 
     Random weights repeat one token whatever they hear, which would let a program that ignored its input pass: with
     ``train_steps`` of Adam the model learns to transcribe each default clip as a sentence of ``CORPUS`` (after the
     start, English, transcribe and no-timestamps tokens), so its transcript depends on the audio and its next token
-    stands out, as a real model's does, which is what a quantized build is judged on.
+    stands out, as a real model's does, which is what a quantized build is judged on. ``window_s`` is the encoder's
+    window (Whisper's is 30 s: its feature extractor's ``chunk_length``, two mel frames an encoder position); a shorter
+    one makes every encoder call cheaper by as much, which the tests take.
     """
     import torch
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
@@ -36,13 +37,13 @@ def write_tiny_whisper(model_dir: Path, *, d_model: int = 64, layers: int = 2, m
     settings: dict[str, Any] = dict(
         vocab_size=vocab, num_mel_bins=mel_bins, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=2 * d_model, decoder_ffn_dim=2 * d_model,
-        max_target_positions=64, pad_token_id=0, bos_token_id=0, eos_token_id=0, decoder_start_token_id=1,
-        suppress_tokens=[], begin_suppress_tokens=[],
+        max_source_positions=window_s * 50, max_target_positions=64, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+        decoder_start_token_id=1, suppress_tokens=[], begin_suppress_tokens=[],
     )
     torch.manual_seed(seed)
     model = WhisperForConditionalGeneration(WhisperConfig(**settings | config))
     model.generation_config = GenerationConfig(decoder_start_token_id=1, eos_token_id=0, pad_token_id=0)
-    extractor = WhisperFeatureExtractor(feature_size=mel_bins)
+    extractor = WhisperFeatureExtractor(feature_size=mel_bins, chunk_length=window_s)
     if train_steps:
         prompt = [SPECIALS.index(token) for token in ("<|startoftranscript|>", "<|en|>", "<|transcribe|>",
                                                        "<|notimestamps|>")]
