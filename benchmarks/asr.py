@@ -86,9 +86,9 @@ def eager_side(model_dir: Path, samples: Any, prompt: list[int], compiled: bool)
 
 def program_side(bundle: Path, samples: Any) -> Any:
     """The program as ``transcribe`` drives it, its end ids cleared: seconds to transcribe ``tokens`` tokens."""
+    from prefect_executorch.runtime.loaded_program import LoadedProgram
+    from prefect_executorch.runtime.speech import ProgramTranscriber
     from prefect_executorch.spec.speech_model import features_of, load_feature_extractor
-    from prefect_executorch.validate.loaded_program import LoadedProgram
-    from prefect_executorch.validate.transcription import ProgramTranscriber
 
     transcriber = ProgramTranscriber(LoadedProgram(bundle / "model.pte", None))
     transcriber.ends = set()  # exactly the tokens asked for, as on the eager side
@@ -138,7 +138,7 @@ def main() -> int:
         bundles[name] = export.path
         built[name] = {"export_s": round(time.perf_counter() - started, 1), "export_child_peak_rss_mib":
                        export.peak_rss_mib, "program_bytes": (export.path / "model.pte").stat().st_size}
-    from prefect_executorch.validate.loaded_program import LoadedProgram
+    from prefect_executorch.runtime.loaded_program import LoadedProgram
 
     prompt = [int(token) for token in LoadedProgram(bundles["float32"] / "model.pte", None).execute(
         "get_decoder_prompt_ids", ())]

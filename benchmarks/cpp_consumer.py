@@ -47,7 +47,7 @@ def bundled_inputs(bundle: Path, manifest: Any) -> dict[str, tuple[str, tuple[An
     """Every bundled case's inputs, keyed as the consumer prints them ('METHOD LABEL')."""
     from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program
 
-    from prefect_executorch.validate.bundled import BUNDLED_FILE, bundled_tensors
+    from prefect_executorch.runtime.bundled_cases import BUNDLED_FILE, bundled_tensors
 
     suites = {suite.method_name: suite for suite in deserialize_from_flatbuffer_to_bundled_program(
         (bundle / BUNDLED_FILE).read_bytes()).method_test_suites}
@@ -57,7 +57,7 @@ def bundled_inputs(bundle: Path, manifest: Any) -> dict[str, tuple[str, tuple[An
 
 def python_side(bundle: Path, manifest: Any, calls: int) -> Any:
     """Median call of each case through ExecuTorch's Python runtime (µs)."""
-    from prefect_executorch.validate.loaded_program import LoadedProgram
+    from prefect_executorch.runtime.loaded_program import LoadedProgram
 
     program = LoadedProgram(bundle / manifest.program, bundle / manifest.data_files[0] if manifest.data_files else None)
     cases = bundled_inputs(bundle, manifest)
@@ -79,7 +79,7 @@ def python_side(bundle: Path, manifest: Any, calls: int) -> Any:
 
 def cpp_side(bundle: Path, manifest: Any, calls: int) -> Any:
     """Median call of each case through ExecuTorch's C++ runtime (µs), timed inside the consumer."""
-    from prefect_executorch.validate.cpp_consumer import run_cpp_consumer
+    from prefect_executorch.runtime.cpp_consumer import run_cpp_consumer
 
     def timed(_: int) -> dict[str, float]:
         return run_cpp_consumer(bundle, manifest, time_calls=calls).p50_us

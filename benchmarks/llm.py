@@ -125,7 +125,7 @@ def program_side(bundle: Path, target: str, prompt: str, hints: dict[str, Any]) 
     """Greedy generation by what runs the program on ``target`` (ExecuTorch's ``TextLLMRunner`` on CPU; on CUDA the
     program's forward called here): (seconds, tokens generated) for ``tokens`` new tokens (fewer at an
     end-of-sequence token)."""
-    from prefect_executorch.validate.generation import open_generator
+    from prefect_executorch.runtime.decoding import open_generator
 
     generator = open_generator(bundle / "model.pte", bundle / "tokenizer.json", target,
                                next(iter(sorted(bundle.glob("*.ptd"))), None), hints)

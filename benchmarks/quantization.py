@@ -65,7 +65,7 @@ def interleaved_latency(programs: dict[str, str], width: int, rounds: int, runs:
     """Each round's median ms per call of each program, timed round-robin in this process (``runs`` calls per round)."""
     import torch
 
-    from prefect_executorch.validate.loaded_program import LoadedProgram
+    from prefect_executorch.runtime.loaded_program import LoadedProgram
 
     loaded = {name: LoadedProgram(Path(path)) for name, path in programs.items()}
     inputs = (torch.rand(8, width) * 2 - 1,)

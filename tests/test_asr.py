@@ -18,6 +18,7 @@ import pytest
 from prefect_executorch.clips import made_clip
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.export.exporter import export_program
+from prefect_executorch.runtime.speech import SpeechBundle
 from prefect_executorch.spec.asr import SPEECH_METADATA, TRANSCRIPTION_CASES_FILE, WAVEFORM_STEP_METHOD
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
 from prefect_executorch.spec.speech_model import (
@@ -31,7 +32,7 @@ from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.testing.tiny_speech import write_tiny_moonshine, write_tiny_whisper
 from prefect_executorch.validate.sidebyside import ProgramFiles, SideBySideRequest, side_by_side_in_child
-from prefect_executorch.validate.transcription import SpeechBundle, run_transcription_cases
+from prefect_executorch.validate.transcription import run_transcription_cases
 from prefect_executorch.validate.validator import require_passed, validate_program
 
 from helpers import write_wav

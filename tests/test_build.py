@@ -15,10 +15,10 @@ from prefect_executorch.errors import ExportFailed, ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.machine.compat import cpu_compat
+from prefect_executorch.runtime.loaded_program import LoadedProgram
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.inputs import random_inputs
 from prefect_executorch.spec.modelref import load_model, method_callable
-from prefect_executorch.validate.loaded_program import LoadedProgram
 from prefect_executorch.validate.report import ValidationReport
 
 from helpers import settled

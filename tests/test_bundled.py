@@ -17,10 +17,11 @@ from prefect_executorch.artifacts.store import LocalStore
 from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.hashing import sha256_file
+from prefect_executorch.runtime.bundled_cases import BUNDLED_FILE, run_bundled_cases
+from prefect_executorch.runtime.cpp_consumer import run_cpp_consumer
 from prefect_executorch.settings import BundledSettings
 from prefect_executorch.spec.buildspec import parse_spec
-from prefect_executorch.validate.bundled import BUNDLED_FILE, bundled_facts, run_bundled_cases, skip_reason
-from prefect_executorch.validate.cpp_consumer import run_cpp_consumer
+from prefect_executorch.validate.bundled import bundled_facts, skip_reason
 from prefect_executorch.validate.report import ValidationReport
 
 from helpers import spec_data

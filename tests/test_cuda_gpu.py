@@ -27,10 +27,10 @@ from prefect_executorch.artifacts.signing import SIGNATURE_FILE
 from prefect_executorch.errors import ToolchainMismatch, ValidationFailed
 from prefect_executorch.export.exporter import ExportedProgramDir, export_program
 from prefect_executorch.machine.toolchain import Toolchain, probe
+from prefect_executorch.runtime.bundled_cases import BUNDLED_FILE, BundledMethod, verify_bundled
 from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.cuda import DATA_FILE
-from prefect_executorch.validate.bundled import BUNDLED_FILE, BundledMethod, verify_bundled
 from prefect_executorch.validate.report import ValidationReport
 from prefect_executorch.validate.validator import require_passed, validate_program
 

@@ -74,7 +74,7 @@ def test_a_runtime_failure_carries_what_the_runtime_logged(make_spec, tmp_path: 
     import torch
 
     from prefect_executorch.errors import ValidationFailed
-    from prefect_executorch.validate.loaded_program import LoadedProgram
+    from prefect_executorch.runtime.loaded_program import LoadedProgram
 
     spec = make_spec("mlp", methods={"forward": {"inputs": [{"name": "x", "shape": [4, 32],
                                                               "dynamic": {0: {"min": 1, "max": 8}}}]}})

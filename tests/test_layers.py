@@ -1,7 +1,7 @@
 """The package's folders are the pipeline: each imports only from the folders before it, and none in a circle.
 
 Floors, bottom first: the top-level modules every stage uses (errors, settings, hashing, isolation,
-progress, program), then ``spec/`` → ``machine/`` → ``targets/`` → ``export/`` → ``validate/`` →
+progress, program), then ``spec/`` → ``machine/`` → ``targets/`` → ``export/`` → ``runtime/`` → ``validate/`` →
 ``artifacts/`` (publish) → ``fleet/`` → ``tasks/`` → ``flows/`` → ``cli/``. Every import counts, those
 inside functions too (they run); only ``if TYPE_CHECKING:`` blocks are left out. docs/architecture.md
 draws the same tree.
@@ -21,7 +21,7 @@ from prefect_executorch.spec.options import OPTIONS
 from prefect_executorch.targets import TARGETS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "prefect_executorch"
-FLOORS = ("", "spec", "machine", "targets", "export", "validate", "artifacts", "fleet", "tasks", "flows", "cli")
+FLOORS = ("", "spec", "machine", "targets", "export", "runtime", "validate", "artifacts", "fleet", "tasks", "flows", "cli")
 
 
 def modules_of(root: Path, name: str) -> dict[str, Path]:

@@ -14,12 +14,12 @@ import pytest
 
 from prefect_executorch.errors import SpecError, ValidationFailed
 from prefect_executorch.export.exporter import ExportedProgramDir, export_program
+from prefect_executorch.runtime.llm_runner import generate
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
 from prefect_executorch.spec.causal_lm import load_causal_lm
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.targets import get_target
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
-from prefect_executorch.validate.llm_runner import generate
 from prefect_executorch.validate.validator import require_passed, validate_program
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
@@ -133,8 +133,8 @@ def test_models_nobody_here_wrote_generate_what_eager_does_through_the_runner(
     ``CustomRingKVCache`` does: its program takes 8 tokens a call, and its long prompt (23 tokens, 3 calls) and
     every prompt + 12 new tokens run past the window, generating eager's tokens."""
     from prefect_executorch.program import read_program
-    from prefect_executorch.validate.generation import ForwardCalls
-    from prefect_executorch.validate.loaded_program import LoadedProgram
+    from prefect_executorch.runtime.decoding import ForwardCalls
+    from prefect_executorch.runtime.loaded_program import LoadedProgram
 
     export, report = exported[architecture]
     operators = {op for facts in read_program(export.path / "model.pte").values() for op in facts.operators}
@@ -159,8 +159,8 @@ def test_models_nobody_here_wrote_generate_what_eager_does_through_the_runner(
 def test_a_token_by_token_program_takes_a_token_a_call_and_generates_eagers_tokens(models: Path, tmp_path: Path) -> None:
     """``llm.prefill: token_by_token`` (what ``cuda_graphs`` builds, and the benchmark's one-token program): static
     shapes, one token a call, the prompt fed a token at a time by the runner; still eager's tokens."""
-    from prefect_executorch.validate.generation import ForwardCalls
-    from prefect_executorch.validate.loaded_program import LoadedProgram
+    from prefect_executorch.runtime.decoding import ForwardCalls
+    from prefect_executorch.runtime.loaded_program import LoadedProgram
 
     export, report = export_and_validate(llm_spec(models / "llama", prefill="token_by_token"), tmp_path)
     calls = ForwardCalls(LoadedProgram(export.path / "model.pte"), export.path / TOKENIZER_FILE)
@@ -303,8 +303,8 @@ def test_the_forward_calls_path_generates_what_the_llm_runner_does(built_llama: 
     """What drives a decoder LM where the runtime has no LLM runner (CUDA's): the program's forward called here, the
     prompt in one call (the program takes a sequence: its enable_dynamic_shape), then a token a call, greedy, stopping
     at the program's own end-of-sequence ids; on CPU it must make the runner's very tokens."""
-    from prefect_executorch.validate.generation import ForwardCalls, LlmRunner
-    from prefect_executorch.validate.loaded_program import LoadedProgram
+    from prefect_executorch.runtime.decoding import ForwardCalls, LlmRunner
+    from prefect_executorch.runtime.loaded_program import LoadedProgram
 
     bundle = built_llama / "pulled"
     calls = ForwardCalls(LoadedProgram(bundle / "model.pte"), bundle / TOKENIZER_FILE)

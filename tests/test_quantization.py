@@ -197,7 +197,7 @@ def test_int8da4w_validates_against_float_eager_with_the_two_errors_apart(da4w: 
 
 def test_a_quantized_bundle_carries_its_cases_and_verifies_them_by_its_own_gates(
         da4w: tuple[BuildSpec, Path, Manifest], tmp_path: Path) -> None:
-    from prefect_executorch.validate.bundled import BUNDLED_FILE, run_bundled_cases, verify_bundled
+    from prefect_executorch.runtime.bundled_cases import BUNDLED_FILE, run_bundled_cases, verify_bundled
 
     _, bundle, manifest = da4w
     facts = manifest.bundled
@@ -207,7 +207,7 @@ def test_a_quantized_bundle_carries_its_cases_and_verifies_them_by_its_own_gates
     check = run_bundled_cases(bundle, manifest.target, manifest.data_files, facts, scratch_dir=tmp_path)
     assert len(check.results) == 6 and not check.failures
     # And as a C++ service runs it: ExecuTorch's C++ runtime, the same gates, the libraries the manifest names.
-    from prefect_executorch.validate.cpp_consumer import run_cpp_consumer
+    from prefect_executorch.runtime.cpp_consumer import run_cpp_consumer
 
     assert run_cpp_consumer(bundle, manifest).cases == 6
     assert manifest.runtime_hints["cpp_libraries"][:2] == ["libexecutorch", "libexecutorch_backend_xnnpack"]

@@ -18,8 +18,8 @@ import torch
 
 from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.program import read_program
+from prefect_executorch.runtime.loaded_program import LoadedProgram, describe_runtime_error
 from prefect_executorch.spec.buildspec import parse_spec
-from prefect_executorch.validate.loaded_program import LoadedProgram, describe_runtime_error
 from prefect_executorch.validate.validator import validate_program
 
 from helpers import MODELS

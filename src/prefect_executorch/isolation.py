@@ -41,14 +41,14 @@ COMMANDS: dict[str, str] = {
     "export": "prefect_executorch.export.exporter:export_in_child",
     "validate": "prefect_executorch.validate.validator:validate_in_child",
     "probe": "prefect_executorch.machine.toolchain:probe_in_child",
-    "verify-bundled": "prefect_executorch.validate.bundled:verify_bundled_in_child",
+    "verify-bundled": "prefect_executorch.runtime.bundled_cases:verify_bundled_in_child",
     "side_by_side": "prefect_executorch.validate.sidebyside:side_by_side_in_child",
     "triage": "prefect_executorch.validate.triage:triage_in_child",
-    "verify-generation": "prefect_executorch.validate.llm_runner:verify_generation_in_child",
-    "generate": "prefect_executorch.validate.llm_runner:generate_in_child",
+    "verify-generation": "prefect_executorch.validate.generation:verify_generation_in_child",
+    "generate": "prefect_executorch.runtime.llm_runner:generate_in_child",
     "verify-transcription": "prefect_executorch.validate.transcription:verify_transcription_in_child",
-    "transcribe": "prefect_executorch.validate.transcription:transcribe_in_child",
-    "write-cpp-cases": "prefect_executorch.validate.cpp_consumer:write_cases_in_child",
+    "transcribe": "prefect_executorch.runtime.speech:transcribe_in_child",
+    "write-cpp-cases": "prefect_executorch.runtime.cpp_consumer:write_cases_in_child",
 }
 #: What the forkserver imports once, so that children do not (missing ones are skipped). Never the
 #: ExecuTorch runtime: the TensorRT delegate package must swap in its own before the stock one loads.

@@ -7,7 +7,7 @@ An empty variable counts as unset.
 
 Read when used: ``get_settings()`` builds the object on every call, so a changed environment (a test's
 ``monkeypatch``, the worker's job variables) is seen by the next read. Importing this module imports
-Prefect, so modules that the export and validation children import (``validate/bundled.py``, ``isolation.py``)
+Prefect, so modules that the export and validation children import (``runtime/bundled_cases.py``, ``isolation.py``)
 import it inside the functions that read a setting.
 
 No setting holds secret material: the signing keys are paths to PEM files, read only to sign or

@@ -16,11 +16,11 @@ from prefect_executorch.export.lineage import Lineage
 from prefect_executorch.export.quantize import QuantizationFacts
 from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.program import MethodFacts
+from prefect_executorch.runtime.bundled_cases import BundledFacts
 from prefect_executorch.spec.buildspec import ModelCard
 from prefect_executorch.spec.fields import check_name
 from prefect_executorch.spec.methods import InputSpec
 from prefect_executorch.targets.delegation import DelegationFacts
-from prefect_executorch.validate.bundled import BundledFacts
 from prefect_executorch.validate.report import ValidationSummary
 
 MANIFEST_FILE = "manifest.json"

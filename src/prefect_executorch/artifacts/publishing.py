@@ -47,13 +47,14 @@ from prefect_executorch.export.fingerprint import BuildFingerprint
 from prefect_executorch.export.lineage import Lineage
 from prefect_executorch.hashing import sha256_bytes, sha256_file
 from prefect_executorch.machine.toolchain import Toolchain
+from prefect_executorch.runtime.bundled_cases import BUNDLED_FILE
 from prefect_executorch.spec.asr import PREPROCESSOR_PROGRAM, SPEECH_MODEL_FILES, TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.fields import check_name
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_CONFIG_FILES, TOKENIZER_FILE
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.delegation import DelegationFacts
-from prefect_executorch.validate.bundled import BUNDLED_FILE, bundled_facts
+from prefect_executorch.validate.bundled import bundled_facts
 from prefect_executorch.validate.report import ValidationReport
 
 if TYPE_CHECKING:

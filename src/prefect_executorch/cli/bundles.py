@@ -29,7 +29,7 @@ from prefect_executorch.defaults import GC_GRACE_HOURS, MAX_LATENCY_REGRESSION
 from prefect_executorch.errors import NotABundle, SpecError
 
 if TYPE_CHECKING:
-    from prefect_executorch.validate.transcription import SpeechBundle
+    from prefect_executorch.runtime.speech import SpeechBundle
 
 
 @app.command()
@@ -79,7 +79,7 @@ def verify(
     if not cpp:
         console.print(f"[bold green]{_run_own_cases(bundle_dir, manifest)}[/]")
         return
-    from prefect_executorch.validate.cpp_consumer import run_cpp_consumer
+    from prefect_executorch.runtime.cpp_consumer import run_cpp_consumer
 
     if any(entry.role == "generation" for entry in manifest.files):
         raise NotABundle(f"{bundle_dir} is a decoder-LM bundle: its C++ check needs ExecuTorch's LLM runner library, "
@@ -97,7 +97,7 @@ def verify(
 
 def speech_bundle(folder: Path, manifest: Any) -> SpeechBundle:
     """A speech bundle's folder and its manifest's program, data files, target and runtime hints, as a child runs it."""
-    from prefect_executorch.validate.transcription import SpeechBundle
+    from prefect_executorch.runtime.speech import SpeechBundle
 
     return SpeechBundle(bundle_dir=str(folder), program=manifest.program, target=manifest.target,
                         data_files=manifest.data_files, runtime_hints=manifest.runtime_hints)
@@ -110,7 +110,7 @@ def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = N
     One child, so spawned: the forkserver's export imports cost ~4 s more than the runtime's own.
     """
     if any(entry.role == "generation" for entry in manifest.files):
-        from prefect_executorch.validate.llm_runner import run_generation_cases
+        from prefect_executorch.validate.generation import run_generation_cases
 
         report = run_generation_cases(bundle_dir, manifest.target, manifest.data_files, scratch_dir=scratch_dir,
                                       shown_as=shown_as, start="spawn", runtime_hints=manifest.runtime_hints)
@@ -121,7 +121,7 @@ def _run_own_cases(bundle_dir: Path, manifest: Any, scratch_dir: Path | None = N
         report = run_transcription_cases(speech_bundle(bundle_dir, manifest), scratch=scratch_dir, shown_as=shown_as,
                                          start="spawn")
         return f"all {len(report.cases)} clips transcribe as validated through {report.generated_by} on this machine"
-    from prefect_executorch.validate.bundled import run_bundled_cases
+    from prefect_executorch.runtime.bundled_cases import run_bundled_cases
 
     check = run_bundled_cases(bundle_dir, manifest.target, manifest.data_files, manifest.bundled,
                               scratch_dir=scratch_dir, shown_as=shown_as, start="spawn",
@@ -229,8 +229,8 @@ def generate(
     """Continue PROMPT with a decoder-LM bundle (ExecuTorch's LLM runner; a cuda bundle one token per call); print the text and its speed.
 
     A model name without --version or --alias runs its newest version that fits this machine, and says which."""
+    from prefect_executorch.runtime.llm_runner import generate as run_generate
     from prefect_executorch.scratch import scratch_dir
-    from prefect_executorch.validate.llm_runner import generate as run_generate
 
     with scratch_dir("generate") as scratch:
         folder, manifest = _bundle_here(bundle, version, alias, store, endpoint_url, scratch, "generate")
@@ -298,8 +298,8 @@ def transcribe(
     real-time factor.
 
     A model name without --version or --alias runs its newest version that fits this machine, and says which."""
+    from prefect_executorch.runtime.speech import transcribe as run_transcribe
     from prefect_executorch.scratch import scratch_dir
-    from prefect_executorch.validate.transcription import transcribe as run_transcribe
 
     if not audio.is_file():
         raise SpecError(f"AUDIO: {audio} is not a file; give a 16-bit PCM WAV file")

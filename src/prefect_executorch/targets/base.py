@@ -49,7 +49,7 @@ class Target(ABC):
     #: Whether its programs must each have a process of their own (the side-by-side runs them apart).
     one_program_per_process: ClassVar[bool] = False
     #: Whether the runtime that runs its programs ships ExecuTorch's LLM runner (else a decoder LM is driven
-    #: one token per call through that runtime: ``validate/generation.py``).
+    #: one token per call through that runtime: ``runtime/decoding.py``).
     llm_runner: ClassVar[bool] = True
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:

@@ -9,19 +9,14 @@ from prefect import get_run_logger, task
 from prefect_executorch.artifacts.manifest import Manifest
 from prefect_executorch.export.exporter import ExportedProgramDir
 from prefect_executorch.progress import stage
+from prefect_executorch.runtime.bundled_cases import BUNDLED_FILE, require_bundled_passed, verify_bundled
 from prefect_executorch.spec.asr import TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.tasks.prefect_artifacts import publish_triage_artifact, publish_validation_artifacts
-from prefect_executorch.validate.bundled import (
-    BUNDLED_FILE,
-    method_cases,
-    require_bundled_passed,
-    skip_reason,
-    verify_bundled,
-)
+from prefect_executorch.validate.bundled import method_cases, skip_reason
 from prefect_executorch.validate.report import ValidationReport
 from prefect_executorch.validate.triage import triage_failure
 from prefect_executorch.validate.validator import require_passed, validate_program

@@ -11,14 +11,15 @@ compared piece by piece: a float32 program must generate what eager PyTorch does
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, Field
-
+from prefect_executorch.errors import ValidationFailed
 from prefect_executorch.export.quantize import build_facts
-from prefect_executorch.machine.runtime_extension import runtime_extension
+from prefect_executorch.isolation import StartMethod
+from prefect_executorch.runtime.decoding import ForwardCalls, GenerationCases, open_generator
+from prefect_executorch.runtime.llm_runner import RunnerRequest, in_runner_child
+from prefect_executorch.runtime.loaded_program import LoadedProgram
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.causal_lm import (
     check_prompt_lengths,
@@ -26,40 +27,24 @@ from prefect_executorch.spec.causal_lm import (
     eos_ids,
     load_causal_lm,
     load_tokenizer,
-    partial_utf8_tokens,
     prompt_ids,
-    special_token_counts,
     token_texts,
 )
-from prefect_executorch.spec.llm import TOKENIZER_FILE, tokenizer_files
+from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
 from prefect_executorch.targets import get_target
-from prefect_executorch.validate.loaded_program import LoadedProgram, register_custom_op_kernels
 from prefect_executorch.validate.replay import check_replay
 from prefect_executorch.validate.report import (
     GateResult,
     GenerationCase,
     GenerationReport,
-    GenerationStats,
     TeacherForced,
     ValidationReport,
 )
 
 if TYPE_CHECKING:
-    import torch
     from transformers import PreTrainedModel
 
     from prefect_executorch.validate.validator import ValidateRequest
-
-
-class GenerationCases(BaseModel):
-    """What ``generation_cases.json`` holds."""
-
-    new_tokens: int
-    prompts: list[str]
-    expected: list[list[str]] = Field(description="The program's own tokens per prompt, each as its text: what it "
-                                      "generated when validated, and what `verify` must reproduce.")
-    eager: list[list[str]] | None = Field(None, description="fp32 eager's tokens per prompt, where a quantized or "
-                                          "lower-precision program's differ from them (None: they are the same).")
 
 
 def eager_greedy(model: PreTrainedModel, prompt_ids: list[int], new_tokens: int) -> list[int]:
@@ -76,145 +61,6 @@ def eager_greedy(model: PreTrainedModel, prompt_ids: list[int], new_tokens: int)
         if len(tokens) == new_tokens or tokens[-1] in ends:
             return tokens
         output = model(torch.tensor([[tokens[-1]]]), past_key_values=output.past_key_values, use_cache=True)
-
-
-class Generator(Protocol):
-    """Greedy generation by a program: ExecuTorch's LLM runner, or the program one token per call."""
-
-    #: What generates, in words: the report says which path judged a build.
-    name: str
-
-    def greedy(self, prompt: str, new_tokens: int,
-               on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
-        """``prompt`` continued greedily from an empty cache, each token as its text, and the timing;
-        ``on_piece`` gets each token's text as it is made."""
-        ...
-
-
-def load_runner(program: Path, tokenizer: Path) -> Any:
-    """ExecuTorch's ``TextLLMRunner`` over a program and its tokenizer, with the runtime's quantized kernels.
-
-    Given the tokenizer's folder where its configuration is there, the runner takes BOS and EOS from it, as
-    transformers does.
-    """
-    from executorch.extension.llm.runner import TextLLMRunner
-
-    runtime_extension()  # registers the quantized kernels (a program with quantized embeddings needs them)
-    register_custom_op_kernels()  # and ExecuTorch's LLM ops (custom SDPA, KV-cache update)
-    configured = len(tokenizer_files(tokenizer)) > 1
-    return TextLLMRunner(str(program), str(tokenizer.parent if configured else tokenizer))
-
-
-class LlmRunner:
-    """ExecuTorch's ``TextLLMRunner``: what a consumer's app runs on CPU targets."""
-
-    name = "ExecuTorch's LLM runner"
-
-    def __init__(self, program: Path, tokenizer: Path) -> None:
-        from tokenizers import Tokenizer
-
-        self.runner = load_runner(program, tokenizer)
-        self.tokenizer = Tokenizer.from_file(str(tokenizer))
-
-    def greedy(self, prompt: str, new_tokens: int,
-               on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
-        from executorch.extension.llm.runner import GenerationConfig
-
-        pieces: list[str] = []
-        stats: list[Any] = []
-
-        def take(piece: str) -> None:
-            pieces.append(piece)
-            if on_piece is not None:
-                on_piece(piece)
-
-        # The special tokens transformers' encoding adds (a Llama-3 tokenizer's BOS), added by the runner alike.
-        bos, eos = special_token_counts(self.tokenizer, prompt)
-        self.runner.reset()
-        self.runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0,
-                                                      num_bos=bos, num_eos=eos),
-                             token_callback=take, stats_callback=stats.append)
-        return pieces, GenerationStats.of(stats[-1]) if stats else GenerationStats()
-
-
-class ForwardCalls:
-    """The program's ``forward`` called here through ExecuTorch's runtime, as the LLM runner calls it: the prompt in one
-    call where the program takes a sequence (its ``enable_dynamic_shape``; chunked at its ``get_max_seq_len``), else a
-    token a call, then one token a call. Where the runtime that has a program's delegate ships no LLM runner (the
-    runtime wheel with ``CudaBackend``) this generates, with the program's own end-of-sequence ids; validation's
-    teacher-forced pass feeds every program through it."""
-
-    def __init__(self, program: LoadedProgram, tokenizer: Path, why: str = "this runtime has no LLM runner") -> None:
-        from tokenizers import Tokenizer
-
-        self.program, self.tokenizer = program, Tokenizer.from_file(str(tokenizer))
-        self.eos = {int(token) for token in self._constant("get_eos_ids", [])}
-        self.sequence = bool(self._constant("enable_dynamic_shape", [False])[0])
-        self.chunk = int(self._constant("get_max_seq_len", [1])[0]) if self.sequence else 1
-        self.name = (f"ExecuTorch's runtime, {'the prompt in one call' if self.sequence else 'one token per call'} "
-                     f"({why})")
-
-    def _constant(self, method: str, default: list[Any]) -> list[Any]:
-        return list(self.program.execute(method, ())) if method in self.program.facts else default
-
-    def logits(self, tokens: list[int], start: int) -> torch.Tensor:
-        """The logits after each of ``tokens``, fed from cache position ``start`` (the cache holds what came before)."""
-        import torch
-
-        rows = []
-        for offset in range(0, len(tokens), self.chunk):
-            piece = tokens[offset:offset + self.chunk]
-            positions = torch.arange(start + offset, start + offset + len(piece))
-            rows.append(self.program.execute("forward", (torch.tensor([piece]), positions))[0][0])
-        return torch.cat(rows)
-
-    def next_logits(self, token: int, position: int) -> torch.Tensor:
-        """The next-token logits after ``token`` at ``position``."""
-        return self.logits([token], position)[-1]
-
-    def greedy(self, prompt: str, new_tokens: int,
-               on_piece: Callable[[str], None] | None = None) -> tuple[list[str], GenerationStats]:
-        from tokenizers.decoders import DecodeStream
-
-        ids = prompt_ids(self.tokenizer, prompt)
-        started = time.perf_counter()
-        logits = self.logits(ids, 0)[-1]
-        prefilled = time.perf_counter()
-        pieces: list[str] = []
-        stream = DecodeStream(skip_special_tokens=False)  # a character split over tokens comes whole (token_texts)
-        while True:
-            token = int(logits.argmax())
-            pieces.append(stream.step(self.tokenizer, token) or "")
-            if on_piece is not None:
-                on_piece(pieces[-1])
-            if len(pieces) == new_tokens or token in self.eos:
-                break
-            logits = self.next_logits(token, len(ids) + len(pieces) - 1)
-        ended = time.perf_counter()
-        return pieces, GenerationStats(
-            prefill_tokens_per_s=len(ids) / (prefilled - started),
-            decode_tokens_per_s=(len(pieces) - 1) / (ended - prefilled) if len(pieces) > 1 else None,
-            time_to_first_token_ms=(prefilled - started) * 1000,
-        )
-
-
-def open_generator(program: Path, tokenizer: Path, target: str, data: Path | None = None,
-                   hints: Mapping[str, Any] | None = None) -> Generator:
-    """What generates with ``program`` on ``target``: ExecuTorch's LLM runner where its runtime ships one, else
-    the program's forward called here through the runtime that has the target's delegate, set up as the bundle's
-    runtime ``hints`` say (CUDA-graph replay)."""
-    from tokenizers import Tokenizer
-
-    chosen = get_target(target)
-    partial = partial_utf8_tokens(Tokenizer.from_file(str(tokenizer)))
-    if chosen.llm_runner and not partial:
-        return LlmRunner(program, tokenizer)
-    chosen.runtime_setup(hints)
-    # The runner's Python binding hands each token's text to Python as str: a token that ends inside a character
-    # fails it (UnicodeDecodeError), so such a tokenizer's bundles are driven here, decoding incrementally.
-    why = (f"{partial} of its tokenizer's tokens are not whole UTF-8, which the LLM runner's Python binding cannot "
-           "pass" if partial and chosen.llm_runner else "this runtime has no LLM runner")
-    return ForwardCalls(LoadedProgram(program, data), tokenizer, why)
 
 
 def teacher_forced(program: ForwardCalls, model: PreTrainedModel, prompt_ids: list[int],
@@ -315,3 +161,43 @@ def generation_gates(report: GenerationReport, spec: BuildSpec) -> list[GateResu
                    detail=f"perplexity of eager's continuations {ratio:.3f}x fp32 eager's, at most {maximum:g}x "
                    "allowed" if ratio is not None else "not measured"),
     ]
+
+
+def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
+    """Child side: every prompt of the bundle's generation cases through the runner, compared with eager's tokens."""
+    from tokenizers import Tokenizer
+
+    req = RunnerRequest.model_validate(request)
+    bundle = Path(req.bundle_dir)
+    cases = GenerationCases.model_validate_json((bundle / GENERATION_CASES_FILE).read_text())
+    tokenizer, generator = Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), req.open()
+    results, timings = [], []
+    for prompt, expected in zip(cases.prompts, cases.expected, strict=True):
+        actual, timing = generator.greedy(prompt, cases.new_tokens)
+        tokens = len(prompt_ids(tokenizer, prompt))
+        results.append(compare_generation(prompt, tokens, expected, actual, reference="its validated run"))
+        timings.append(timing)
+    return GenerationReport(new_tokens=cases.new_tokens, cases=results, stats=timings, generated_by=generator.name)
+
+
+def run_generation_cases(bundle_dir: Path, target: str, data_files: list[str], *, scratch_dir: Path | None = None,
+                         shown_as: Path | None = None, start: StartMethod | None = None,
+                         runtime_hints: dict[str, Any] | None = None) -> GenerationReport:
+    """Run a decoder-LM bundle's prompts on this machine (its runtime set up as ``runtime_hints`` say);
+    ``ValidationFailed`` naming the first that departs."""
+    where = shown_as or bundle_dir
+    if not (bundle_dir / GENERATION_CASES_FILE).is_file():
+        raise ValidationFailed(f"{where} has no {GENERATION_CASES_FILE} to run (a decoder-LM bundle's own prompts and "
+                               "tokens); nothing was verified: revalidate it against the model with "
+                               "`prefect-executorch validate` instead")
+    request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files,
+                            runtime_hints=runtime_hints or {})
+    report = in_runner_child("verify-generation", request, GenerationReport,
+                       f"the generation cases of {where}", scratch_dir, start)
+    failed = [case for case in report.cases if not case.passed]
+    if failed:
+        raise ValidationFailed(f"{len(failed)} of {len(report.cases)} prompts of {where / GENERATION_CASES_FILE} "
+                               f"generate other tokens on this machine: {failed[0].describe()}; do not deploy it on "
+                               "this machine")
+    return report
+

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from pydantic import BaseModel, Field
 
 from prefect_executorch.export.quantize import QuantizationFacts
+from prefect_executorch.runtime.decoding import GenerationStats
 from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.validate.latency import LatencyStats
 from prefect_executorch.validate.replay import ReplayCheck
@@ -137,26 +137,6 @@ class MethodRow(BaseModel):
     program_median_ms: float | None
     program_p90_ms: float | None
     latency_ratio: float | None
-
-
-class GenerationStats(BaseModel):
-    """The LLM runner's timing of one prompt (its own stats: milliseconds, so short runs round to zero)."""
-
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    time_to_first_token_ms: float | None = None
-
-    @classmethod
-    def of(cls, stats: Any) -> GenerationStats:
-        """From the runner's ``Stats``."""
-        prefill_ms = stats.prompt_eval_end_ms - stats.inference_start_ms
-        decode_ms = stats.inference_end_ms - stats.prompt_eval_end_ms
-        decoded = stats.num_generated_tokens - 1  # the first comes with the prefill
-        return cls(
-            prefill_tokens_per_s=stats.num_prompt_tokens * 1000 / prefill_ms if prefill_ms > 0 else None,
-            decode_tokens_per_s=decoded * 1000 / decode_ms if decode_ms > 0 and decoded > 0 else None,
-            time_to_first_token_ms=float(stats.first_token_ms - stats.inference_start_ms),
-        )
 
 
 class TeacherForced(BaseModel):

@@ -17,13 +17,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import ValidationFailed
+from prefect_executorch.runtime.loaded_program import LoadedProgram
 from prefect_executorch.spec.inputs import random_inputs, shape_points
 from prefect_executorch.spec.methods import MethodSpec
 from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.targets import get_target, needs_cuda
 from prefect_executorch.validate.compare import compare_outputs
 from prefect_executorch.validate.latency import LatencyStats, measure_together
-from prefect_executorch.validate.loaded_program import LoadedProgram
 from prefect_executorch.validate.validator import synchronized
 
 
@@ -250,9 +250,10 @@ def _require_one_process(req: SideBySideRequest, kind: str, kinds: str, doc: str
 def _generation_side_by_side(req: SideBySideRequest) -> MethodComparison:
     """The candidate's prompts greedily through both bundles' LLM runners: the same tokens, and the time of a whole
     generation (the first prompt's) with their windows interleaved."""
+    from prefect_executorch.runtime.decoding import GenerationCases
+    from prefect_executorch.runtime.llm_runner import RunnerRequest
     from prefect_executorch.spec.llm import GENERATION_CASES_FILE
-    from prefect_executorch.validate.generation import GenerationCases, compare_generation
-    from prefect_executorch.validate.llm_runner import RunnerRequest
+    from prefect_executorch.validate.generation import compare_generation
 
     _require_one_process(req, "decoder-LM", "decoder LMs", "docs/llm.md")
     cases = GenerationCases.model_validate_json((Path(req.candidate.dir) / GENERATION_CASES_FILE).read_text())
@@ -276,9 +277,9 @@ def _speech_side_by_side(req: SideBySideRequest) -> MethodComparison:
     front-end settings): the same transcripts, and the time of a whole transcription (the first clip's) with their
     windows interleaved."""
     from prefect_executorch.clips import DEFAULT_CLIPS, made_clip
+    from prefect_executorch.runtime.speech import ProgramTranscriber
     from prefect_executorch.spec.speech_model import features_of, load_feature_extractor
     from prefect_executorch.validate.generation import compare_generation
-    from prefect_executorch.validate.transcription import ProgramTranscriber
 
     _require_one_process(req, "speech", "speech models", "docs/asr.md")
     heard, extractor = (load_feature_extractor(files.dir) for files in (req.current, req.candidate))

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from prefect_executorch.errors import ChildProcessFailed, SpecError, ValidationFailed
 from prefect_executorch.export.quantize import quantized_methods
 from prefect_executorch.isolation import run_isolated
+from prefect_executorch.runtime.loaded_program import LoadedProgram
 from prefect_executorch.spec.buildspec import BuildSpec, check_input_budget
 from prefect_executorch.spec.inputs import Inputs, case_inputs
 from prefect_executorch.spec.modelref import load_model, method_callable
@@ -27,7 +28,6 @@ from prefect_executorch.targets.delegation import DelegationFacts
 from prefect_executorch.validate.bundled import Cases, write_bundled
 from prefect_executorch.validate.compare import compare_outputs, flatten_with_paths
 from prefect_executorch.validate.latency import measure_together
-from prefect_executorch.validate.loaded_program import LoadedProgram
 from prefect_executorch.validate.replay import ReplayCheck, check_replay
 from prefect_executorch.validate.report import CaseResult, GateResult, LatencyResult, ValidationReport
 

@@ -23,8 +23,8 @@ from pydantic import BaseModel, Field
 from prefect_executorch.errors import ToolchainMismatch, ValidationFailed
 from prefect_executorch.hashing import sha256_bytes
 from prefect_executorch.isolation import describe_exit, run_isolated
+from prefect_executorch.runtime.bundled_cases import BUNDLED_FILE, BundledFacts
 from prefect_executorch.scratch import scratch_dir
-from prefect_executorch.validate.bundled import BUNDLED_FILE, BundledFacts
 
 if TYPE_CHECKING:
     from prefect_executorch.artifacts.manifest import Manifest
@@ -122,7 +122,7 @@ def write_cases(bundle_dir: Path, facts: BundledFacts, out: Path) -> int:
     """The ``.bpte``'s cases as ``cases.txt`` and raw tensors in ``out``, with each method's tolerances; their count."""
     from executorch.devtools.bundled_program.serialize import deserialize_from_flatbuffer_to_bundled_program
 
-    from prefect_executorch.validate.bundled import bundled_tensors
+    from prefect_executorch.runtime.bundled_cases import bundled_tensors
 
     suites = {suite.method_name: suite for suite in deserialize_from_flatbuffer_to_bundled_program(
         (bundle_dir / BUNDLED_FILE).read_bytes()).method_test_suites}

@@ -1,6 +1,7 @@
-"""A decoder-LM bundle's own test cases (its prompts and eager's tokens) run again through the LLM runner,
-and ``generate``: one prompt through the runner, each in a child process. (A target whose runtime ships no
-LLM runner runs the program one token per call instead: ``generation.open_generator``.)"""
+"""``generate``: one prompt through a decoder-LM bundle's program in a child process, its text handed over as the
+child makes it; and the child that ``verify`` runs the bundle's own prompts in (judged by ``validate.generation``).
+(A target whose runtime ships no LLM runner runs the program through its forward instead: ``decoding.open_generator``.)
+"""
 
 from __future__ import annotations
 
@@ -15,12 +16,10 @@ from pydantic import BaseModel, Field
 
 from prefect_executorch.errors import ChildProcessFailed, GenerationFailed, ValidationFailed
 from prefect_executorch.isolation import StartMethod, run_isolated
+from prefect_executorch.runtime.decoding import GenerationStats, Generator, open_generator
 from prefect_executorch.scratch import scratch_dir
-from prefect_executorch.spec.causal_lm import prompt_ids
-from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
+from prefect_executorch.spec.llm import TOKENIZER_FILE
 from prefect_executorch.targets import PROGRAM_FILE
-from prefect_executorch.validate.generation import GenerationCases, Generator, compare_generation, open_generator
-from prefect_executorch.validate.report import GenerationReport, GenerationStats
 
 #: Wall-time limit of a child that runs a bundle's prompts (a small model takes seconds).
 CASES_TIMEOUT_S = 600.0
@@ -55,23 +54,6 @@ class Generated(BaseModel):
     generated_by: str = Field(description="What ran the program.")
 
 
-def verify_generation_in_child(request: dict[str, Any]) -> GenerationReport:
-    """Child side: every prompt of the bundle's generation cases through the runner, compared with eager's tokens."""
-    from tokenizers import Tokenizer
-
-    req = RunnerRequest.model_validate(request)
-    bundle = Path(req.bundle_dir)
-    cases = GenerationCases.model_validate_json((bundle / GENERATION_CASES_FILE).read_text())
-    tokenizer, generator = Tokenizer.from_file(str(bundle / TOKENIZER_FILE)), req.open()
-    results, timings = [], []
-    for prompt, expected in zip(cases.prompts, cases.expected, strict=True):
-        actual, timing = generator.greedy(prompt, cases.new_tokens)
-        tokens = len(prompt_ids(tokenizer, prompt))
-        results.append(compare_generation(prompt, tokens, expected, actual, reference="its validated run"))
-        timings.append(timing)
-    return GenerationReport(new_tokens=cases.new_tokens, cases=results, stats=timings, generated_by=generator.name)
-
-
 def generate_in_child(request: dict[str, Any]) -> Generated:
     """Child side: one prompt through the runner, greedily, each token's text written to ``stream_to`` as it comes,
     special tokens (the EOS that ends it) left out, as transformers' ``decode(skip_special_tokens=True)`` prints."""
@@ -94,28 +76,6 @@ def generate_in_child(request: dict[str, Any]) -> Generated:
     return Generated(pieces=pieces, stats=stats, generated_by=generator.name)
 
 
-def run_generation_cases(bundle_dir: Path, target: str, data_files: list[str], *, scratch_dir: Path | None = None,
-                         shown_as: Path | None = None, start: StartMethod | None = None,
-                         runtime_hints: dict[str, Any] | None = None) -> GenerationReport:
-    """Run a decoder-LM bundle's prompts on this machine (its runtime set up as ``runtime_hints`` say);
-    ``ValidationFailed`` naming the first that departs."""
-    where = shown_as or bundle_dir
-    if not (bundle_dir / GENERATION_CASES_FILE).is_file():
-        raise ValidationFailed(f"{where} has no {GENERATION_CASES_FILE} to run (a decoder-LM bundle's own prompts and "
-                               "tokens); nothing was verified: revalidate it against the model with "
-                               "`prefect-executorch validate` instead")
-    request = RunnerRequest(bundle_dir=str(bundle_dir), target=target, data_files=data_files,
-                            runtime_hints=runtime_hints or {})
-    report = _in_child("verify-generation", request, GenerationReport,
-                       f"the generation cases of {where}", scratch_dir, start)
-    failed = [case for case in report.cases if not case.passed]
-    if failed:
-        raise ValidationFailed(f"{len(failed)} of {len(report.cases)} prompts of {where / GENERATION_CASES_FILE} "
-                               f"generate other tokens on this machine: {failed[0].describe()}; do not deploy it on "
-                               "this machine")
-    return report
-
-
 def generate(bundle_dir: Path, target: str, data_files: list[str], prompt: str, new_tokens: int, *,
              on_text: Callable[[str], None] | None = None, start: StartMethod | None = None,
              runtime_hints: dict[str, Any] | None = None) -> Generated:
@@ -128,7 +88,7 @@ def generate(bundle_dir: Path, target: str, data_files: list[str], prompt: str, 
                                 new_tokens=new_tokens, stream_to=str(stream), runtime_hints=runtime_hints or {})
         with _following(stream, on_text):
             try:
-                return _in_child("generate", request, Generated, f"generation with {bundle_dir}", None, start)
+                return in_runner_child("generate", request, Generated, f"generation with {bundle_dir}", None, start)
             except ValidationFailed as exc:  # what the child's failure is called when a check runs the prompts
                 raise GenerationFailed(str(exc).replace("; the program did not generate", "; the program stopped "
                                                         "generating"), child_output=exc.child_output) from None
@@ -163,8 +123,9 @@ def _following(path: Path, on_text: Callable[[str], None] | None) -> Iterator[No
         follower.join()
 
 
-def _in_child(command: str, request: RunnerRequest, result: type[Any], what: str, parent: Path | None,
-              start: StartMethod | None) -> Any:
+def in_runner_child(command: str, request: RunnerRequest, result: type[Any], what: str, parent: Path | None,
+                    start: StartMethod | None) -> Any:
+    """``command`` run over the bundle in a child; its failure as ``ValidationFailed`` naming ``what``."""
     # ``parent`` (the caller's scratch) when given, else an owned scratch folder: a killed run's is swept.
     with scratch_dir("llm", parent) as scratch:
         try:
