@@ -109,6 +109,21 @@ def test_distributions_the_driver_and_cuda_devices_change_the_key(tmp_path: Path
     assert probe_key() == keys[-1]  # and nothing else moves it
 
 
+def test_the_working_directory_does_not_change_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m prefect_executorch.cli` puts the folder it runs in first on sys.path: a build from another
+    folder (each test's own) must answer from the cache, while a folder of packages on the path still counts."""
+    started_in = os.getcwd()
+    monkeypatch.syspath_prepend(started_in)
+    here, rest = probe_key(), [entry for entry in sys.path if entry != started_in]
+    for folder in (tmp_path / "a", tmp_path / "b"):
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        monkeypatch.setattr(sys, "path", [str(folder), *rest])
+        assert probe_key() == here
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    assert probe_key() != here
+
+
 def test_a_real_pip_install_and_upgrade_invalidate_the_cache(cache_home: Path, tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "site"

@@ -61,12 +61,19 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _search_path() -> list[str]:
+    """``sys.path`` less the working directory, which ``python -m`` puts first: a rebuild from another folder is the
+    same machine (what a folder could shadow is keyed by where the packages the probe reads are found)."""
+    return [entry for entry in sys.path if entry not in ("", os.getcwd())]
+
+
 def _distributions() -> list[list[Any]]:
-    """Every ``*.dist-info``/``*.egg-info`` on ``sys.path`` with its RECORD's stat (pip rewrites it on any install)."""
+    """Every ``*.dist-info``/``*.egg-info`` on the search path with its RECORD's stat (pip rewrites it on any
+    install)."""
     found: list[list[Any]] = []
-    for entry in sys.path:
+    for entry in _search_path():
         try:
-            listing = sorted(os.scandir(entry or "."), key=lambda item: item.name)
+            listing = sorted(os.scandir(entry), key=lambda item: item.name)
         except OSError:
             continue
         for item in listing:
@@ -113,7 +120,7 @@ def probe_key() -> str:
     own = Path(__file__).parent
     facts = {
         "python": [sys.executable, os.path.realpath(sys.executable), sys.version, sys.prefix],
-        "sys_path": sys.path,
+        "sys_path": _search_path(),
         "distributions": _distributions(),
         "packages": {name: _package(name) for name in ("torch", "executorch", "torch_tensorrt", "tensorrt", "triton")},
         "files": {path: _read(path) for path in _SYSTEM_FILES},
