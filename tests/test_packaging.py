@@ -19,6 +19,10 @@ def test_wheel_maps_top_level_folders_into_the_package(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for module in ("flows/build.py", "tasks/export.py", "artifacts/store.py", "targets/cpu.py", "cli/main.py"):
         assert f"prefect_executorch/{module}" in names
+    # Every package of the source tree (a new stage folder must be listed in pyproject.toml too).
+    source = ROOT / "src" / "prefect_executorch"
+    packages = {f"prefect_executorch/{init.relative_to(source).as_posix()}" for init in source.rglob("__init__.py")}
+    assert packages - set(names) == set()
     top_level = {name.split("/")[0] for name in names}
     assert top_level <= {"prefect_executorch", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
 
