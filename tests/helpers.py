@@ -9,9 +9,13 @@ import wave
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from prefect_executorch.artifacts.manifest import Manifest
+    from prefect_executorch.spec.buildspec import BuildSpec
 
 TESTS = Path(__file__).parent
 MODELS = TESTS / "models.py"
@@ -85,3 +89,30 @@ def write_wav(path: Path, samples: Any, rate: int = 16000) -> Path:
         audio.setframerate(rate)
         audio.writeframes((np.clip(samples, -1, 1) * 32767).astype("<i2").tobytes())
     return path
+
+
+def check_bundle_runs(spec: BuildSpec, dest: Path, manifest: Manifest) -> None:
+    """Verify a bundle directory and run every method against eager at the largest shapes."""
+    import torch
+
+    from prefect_executorch.artifacts.publishing import verify_bundle_dir
+    from prefect_executorch.runtime.loaded_program import LoadedProgram
+    from prefect_executorch.spec.inputs import random_inputs
+    from prefect_executorch.spec.modelref import load_model, method_callable
+
+    assert verify_bundle_dir(dest) == manifest
+    program = LoadedProgram(dest / manifest.program, dest / manifest.data_files[0] if manifest.data_files else None)
+    model = load_model(spec)
+    generator = torch.Generator().manual_seed(1234)
+    for name, method in spec.methods.items():
+        shapes = [list(i.shape) for i in method.inputs]
+        for inp in method.inputs:
+            for index, dim in inp.dynamic.items():
+                shapes[method.inputs.index(inp)][index] = dim.max
+        inputs = random_inputs(method, shapes, generator)
+        got = program.run(name, inputs)
+        want = method_callable(model, name, method.attribute)(*inputs)
+        want = want if isinstance(want, tuple) else (want,)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=False):
+            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)

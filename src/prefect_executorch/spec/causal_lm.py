@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer
     from transformers import PreTrainedModel
 
-#: Architectures (config ``model_type``) whose export and generation this project tests (tests/test_llm.py).
+#: Architectures (config ``model_type``) whose export and generation this project tests (tests/validate/test_llm.py).
 SUPPORTED_ARCHITECTURES = ("gemma3_text", "llama", "qwen2", "qwen3")
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from prefect_executorch.scratch import OWNER, PREFIX, scratch_dir, sweep
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _owned(root: Path, name: str, owner: object) -> Path:
@@ -99,7 +99,7 @@ def test_every_temporary_folder_of_the_package_is_made_in_a_scratch_folder() -> 
     temporary folder or file is made inside a folder the caller gave (``dir=``)."""
     import ast
 
-    package = Path(__file__).resolve().parents[1] / "src" / "prefect_executorch"
+    package = Path(__file__).resolve().parents[2] / "src" / "prefect_executorch"
     makers = {"mkdtemp", "TemporaryDirectory", "mkstemp", "NamedTemporaryFile", "TemporaryFile"}
     loose = []
     for source in sorted(package.rglob("*.py")):

@@ -6,22 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from prefect_executorch.artifacts.manifest import BundleKey, Manifest
+from prefect_executorch.artifacts.manifest import BundleKey
 from prefect_executorch.artifacts.publishing import pull, verify_bundle_dir
 from prefect_executorch.artifacts.store import LocalStore, ObjectStore
 from prefect_executorch.errors import ExportFailed, ValidationFailed
 from prefect_executorch.flows.build import build_bundle
 from prefect_executorch.hashing import sha256_file
 from prefect_executorch.machine.compat import cpu_compat
-from prefect_executorch.runtime.loaded_program import LoadedProgram
 from prefect_executorch.spec.buildspec import BuildSpec
-from prefect_executorch.spec.inputs import random_inputs
-from prefect_executorch.spec.modelref import load_model, method_callable
 from prefect_executorch.validate.report import ValidationReport
 
-from helpers import settled
+from helpers import check_bundle_runs, settled
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -34,26 +30,6 @@ def _run_pulled(spec: BuildSpec, store: ObjectStore, key: BundleKey, dest: Path)
     """Pull the bundle into a fresh directory and check every method against eager at new shapes."""
     manifest = pull(store, key, dest)
     check_bundle_runs(spec, dest, manifest)
-
-
-def check_bundle_runs(spec: BuildSpec, dest: Path, manifest: Manifest) -> None:
-    """Verify a bundle directory and run every method against eager at the largest shapes."""
-    assert verify_bundle_dir(dest) == manifest
-    program = LoadedProgram(dest / manifest.program, dest / manifest.data_files[0] if manifest.data_files else None)
-    model = load_model(spec)
-    generator = torch.Generator().manual_seed(1234)
-    for name, method in spec.methods.items():
-        shapes = [list(i.shape) for i in method.inputs]
-        for inp in method.inputs:
-            for index, dim in inp.dynamic.items():
-                shapes[method.inputs.index(inp)][index] = dim.max
-        inputs = random_inputs(method, shapes, generator)
-        got = program.run(name, inputs)
-        want = method_callable(model, name, method.attribute)(*inputs)
-        want = want if isinstance(want, tuple) else (want,)
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=False):
-            torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
 
 
 def test_convnet_dynamic_batch_end_to_end(make_spec, tmp_path: Path) -> None:
@@ -71,7 +47,7 @@ def test_convnet_dynamic_batch_end_to_end(make_spec, tmp_path: Path) -> None:
     assert manifest.spec_sha256 == spec.sha256()
     _run_pulled(spec, store, ref.key, tmp_path / "pulled")
 
-    # An unchanged rebuild returns the published bundle (tests/test_cache.py shows it does not export).
+    # An unchanged rebuild returns the published bundle (tests/tasks/test_cache.py shows it does not export).
     assert build_bundle(spec, store=str(store.root), output=str(tmp_path / "out")) == ref.model_copy(update={"cache_hit": True})
     assert verify_bundle_dir(bundle) == manifest
 

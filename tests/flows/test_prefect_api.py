@@ -17,7 +17,7 @@ from prefect_executorch.errors import PrefectApiUnreachable
 from prefect_executorch.testing.prefect_server import CLI, PrefectServer
 from prefect_executorch.testing.seaweedfs import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHA = "a" * 64
 
 

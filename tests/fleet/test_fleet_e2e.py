@@ -42,7 +42,7 @@ from helpers import cpu_burner, set_aws_env, settled
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(420)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODEL = "small-convnet"
 
 

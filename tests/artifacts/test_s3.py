@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from test_build import check_bundle_runs
 from typer.testing import CliRunner
 
 from prefect_executorch.artifacts.aliases import alias_history, move_alias, read_alias
@@ -59,7 +58,7 @@ from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, probe
 from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.testing.seaweedfs import SeaweedS3, free_port
 
-from helpers import fresh_store, set_aws_env, spec_data
+from helpers import check_bundle_runs, fresh_store, set_aws_env, spec_data
 
 pytestmark = pytest.mark.s3
 MiB = 2**20
@@ -243,7 +242,7 @@ def test_a_store_that_never_answers_fails_a_publish_and_a_pull_within_the_outage
     budget = S3Settings().outage_budget()
     assert (budget.requests, budget.longest_wait_s) == (8 * 2 * 2 + 2, 2 * (2 * 2 + 1) + 0.1 + 5)
     defaults = S3Settings.model_construct().outage_budget()  # the fields' defaults, no environment
-    assert f"{defaults.requests} requests and {defaults.longest_wait_s:,} s" in (Path(__file__).parents[1] / "docs" / "store.md").read_text()
+    assert f"{defaults.requests} requests and {defaults.longest_wait_s:,} s" in (Path(__file__).parents[2] / "docs" / "store.md").read_text()
     with silent_server() as endpoint:
         store = S3Store.from_url("s3://some-bucket/reg", endpoint_url=endpoint)
         sent = count_requests(store)

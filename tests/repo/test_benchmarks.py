@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 PLANT_MISS_ENV = "PREFECT_EXECUTORCH_BENCHMARK_PLANT_MISS"  # benchmarks/_common.py's
 RESULT_LINE = re.compile(r"RESULT (?P<name>\w+) ratio=(?P<ratio>\S+) goal=(?P<goal>\S+) (?P<verdict>PASS|FAIL)")
 NUMBER = re.compile(r"-?(?:\d+\.?\d*|nan|inf)", re.IGNORECASE)

@@ -20,7 +20,7 @@ import pytest
 from prefect_executorch.spec.options import OPTIONS
 from prefect_executorch.targets import TARGETS
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "prefect_executorch"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "prefect_executorch"
 FLOORS = ("", "spec", "machine", "targets", "export", "runtime", "validate", "artifacts", "fleet", "tasks", "flows", "cli")
 
 

@@ -109,7 +109,7 @@ def test_a_gpu_spec_bounds_its_export_child_by_resident_memory(tmp_path: Path) -
 
 
 def test_synchronized_leaves_cpu_calls_alone() -> None:
-    # Its CUDA side is proven on a GPU in tests/test_cuda.py.
+    # Its CUDA side is proven on a GPU in tests/targets/test_cuda.py.
     def call() -> int:
         return 7
 

@@ -31,8 +31,8 @@ from prefect_executorch.targets.tensorrt import build_backend_config, build_step
 from helpers import MODELS
 from wheels import DELEGATE_RUNTIME, TORCH_TENSORRT, download_wheel
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 TARGET = get_target("tensorrt")
 
 

@@ -18,8 +18,8 @@ from prefect_executorch.fleet.placement import MatrixCell, Placement, describe_r
 from prefect_executorch.fleet.worker import TOOLCHAIN_ENV, advertised, default_worker_name, worker_toolchain
 from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, probe
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).parent / "fixtures"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 SPEC = {"name": "m", "version": "1", "model": "x.py:f", "methods": {}}
 
 # The H200 probe is real (tests/fixtures/probe_h200.json: torch 2.11.0+cu130, no TensorRT). The

@@ -65,7 +65,7 @@ def test_the_crash_retry_automation_and_the_matrix_agree_on_what_is_rerun() -> N
     from prefect_executorch.fleet.automations import load_automations
     from prefect_executorch.tasks.dispatch import RETRY_CRASHED_TAG, will_be_retried
 
-    root = Path(__file__).resolve().parents[1] / "deployments"
+    root = Path(__file__).resolve().parents[2] / "deployments"
     (retry,) = [a for a in load_automations(root / "automations.yaml") if a["name"] == "prefect-executorch-retry-crashed"]
     automation = AutomationCore.model_validate(retry)
     assert automation.trigger.match.model_dump() == {"prefect.resource.id": "prefect.flow-run.*", "prefect.run-count": "1"}

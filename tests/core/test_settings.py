@@ -33,7 +33,7 @@ from prefect_executorch.validate.bundled import skip_reason
 
 from helpers import spec_data
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: The names users, prefect.yaml and the docs set today -> (section, field) -> what a value becomes.
 NAMES: dict[str, tuple[str | None, str, str, Any]] = {

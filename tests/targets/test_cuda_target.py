@@ -1,6 +1,6 @@
 """The ``cuda`` target without a GPU: its options against the real CudaBackend source, its refusals on machines
 that cannot build it, its compat key, its attention rule on real exported graphs, and the forkserver that its
-children fork from. What runs on the GPU is tests/test_cuda_gpu.py."""
+children fork from. What runs on the GPU is tests/targets/test_cuda_gpu.py."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from prefect_executorch.targets.cuda import attention_dtypes, compile_specs, for
 from helpers import MODELS
 from models import mlp, tiny_bert
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 TARGET = get_target("cuda")
 
 
@@ -106,7 +106,7 @@ def test_options_are_strict() -> None:
 def test_this_cpu_machine_is_refused_before_export_naming_what_is_missing() -> None:
     here = probe()
     if here.cuda_available:
-        pytest.skip("a CUDA GPU is visible here: tests/test_cuda_gpu.py builds for real")
+        pytest.skip("a CUDA GPU is visible here: tests/targets/test_cuda_gpu.py builds for real")
     with pytest.raises(ToolchainMismatch) as info:
         TARGET.check(cuda_spec(), here)
     message = str(info.value)

@@ -25,7 +25,7 @@ from prefect_executorch.validate.validator import validate_program
 from helpers import MODELS
 from wheels import DELEGATE_RUNTIME, download_wheel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def test_a_cached_answer_is_returned_without_a_probe(cache_home: Path, monkeypat
 
 
 def test_a_write_retires_month_old_entries_and_a_failed_one_leaves_no_file(cache_home: Path) -> None:
-    toolchain = Toolchain.model_validate_json((Path(__file__).parent / "fixtures" / "probe_h200.json").read_text())
+    toolchain = Toolchain.model_validate_json((Path(__file__).parents[1] / "fixtures" / "probe_h200.json").read_text())
     folder = cache_home / probecache.CACHE_SUBDIR
     folder.mkdir(parents=True)
     for name in ("old.json", "recent.json"):

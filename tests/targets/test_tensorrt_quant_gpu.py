@@ -3,7 +3,7 @@
 Run on a Linux CUDA 13 GPU worker with the TensorRT stack of docs/tensorrt.md and ``pip install
 "nvidia-modelopt>=0.47"``:
 
-    python -m pytest -m tensorrt tests/test_tensorrt_quant_gpu.py -ra
+    python -m pytest -m tensorrt tests/targets/test_tensorrt_quant_gpu.py -ra
 
 Without an NVIDIA GPU and that stack every test is skipped, with the probe's reason.
 """

@@ -86,7 +86,7 @@ def test_model_reference_must_have_a_factory() -> None:
 
 
 def test_missing_factory_is_found_without_running_code() -> None:
-    spec = parse_spec(spec_data(model=f"{Path(__file__).parent / 'models.py'}:nope"))
+    spec = parse_spec(spec_data(model=f"{Path(__file__).parents[1] / 'models.py'}:nope"))
     with pytest.raises(SpecError, match="defines no top-level 'nope'"):
         spec.check_model_reference()
 

@@ -38,7 +38,7 @@ from helpers import MODELS, write_wav
 
 pytestmark = pytest.mark.cuda
 TARGET = get_target("cuda")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 BATCH = {0: {"min": 1, "max": 8, "name": "batch"}}
 MLP = {"forward": {"inputs": [{"name": "x", "shape": [4, 32]}]}}

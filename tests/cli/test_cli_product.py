@@ -64,7 +64,7 @@ def test_a_moved_copy_with_an_edited_model_is_refused_for_its_source_not_its_pat
 
     first = tmp_path / "first"
     first.mkdir()
-    shutil.copy(Path(__file__).parent.parent / "examples" / "convnet" / "model.py", first / "model.py")
+    shutil.copy(Path(__file__).parents[2] / "examples" / "convnet" / "model.py", first / "model.py")
     (first / "spec.json").write_text(json.dumps(spec_data("convnet", model="model.py:build", target="portable",
                                                           methods={"forward": {"inputs": [{"name": "x", "shape": [1, 3, 8, 8]}]}})))
     store = str(tmp_path / "store")
@@ -246,7 +246,7 @@ def test_gc_apply_leaves_no_empty_folders(tmp_path: Path) -> None:
 
 def test_the_children_start_before_prefect_is_imported(tmp_path: Path) -> None:
     """The child server's imports (torch, ExecuTorch) are a build's longest wait: they must not queue behind Prefect's."""
-    demo = Path(__file__).resolve().parents[1] / "examples" / "convnet" / "spec.yaml"
+    demo = Path(__file__).resolve().parents[2] / "examples" / "convnet" / "spec.yaml"
     script = """
 import runpy, sys
 import prefect_executorch.isolation as isolation

@@ -1,7 +1,7 @@
 """TensorRT int8 / fp8 (ModelOpt PTQ) without a GPU: refusals, compat keys, and the calls against the real sources.
 
 torch-tensorrt 2.14.0 and nvidia-modelopt 0.47.0 come from ``tests/wheels.py`` and are read with ``ast``;
-the builds themselves run in ``tests/test_tensorrt_quant_gpu.py`` on a GPU worker.
+the builds themselves run in ``tests/targets/test_tensorrt_quant_gpu.py`` on a GPU worker.
 """
 
 from __future__ import annotations

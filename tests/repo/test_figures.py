@@ -26,7 +26,7 @@ from urllib.parse import unquote
 import pytest
 from pydantic import BaseModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s#]+\.json)#([^)\s]+)\)")
 LOG_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s#]+\.(?:log|txt))#L(\d+)\)")
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
