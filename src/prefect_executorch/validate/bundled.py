@@ -1,9 +1,9 @@
-"""``model.bpte``: an ExecuTorch BundledProgram of the published program with the validation cases, and its check.
+"""``model.bpte``: an ExecuTorch BundledProgram of the published program with the validation cases.
 
 The validating child writes it from the cases it has just compared (inputs and eager outputs), so
 the cases are drawn once; a separate child loads it with ExecuTorch's own bundled-I/O entry points
-and verifies every case at the tolerances validation used. Whoever pulls the bundle runs the same
-check (``prefect-executorch verify``), or ``executor_runner --bundleio_path`` from C++.
+and verifies every case at the tolerances validation used (``runtime/bundled_cases.py``). Whoever pulls
+the bundle runs the same check (``prefect-executorch verify``), or ``executor_runner --bundleio_path`` from C++.
 """
 
 from __future__ import annotations
