@@ -48,6 +48,17 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_LEDGER_OWNER] = ledger.start_session()  # before xdist's workers start: they inherit its folder
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the files in the order they had in one folder: the fault-injection tests, then by file name.
+
+    xdist's ``--dist loadfile`` hands files to its two processes in collection order, so the order decides which
+    files run beside each other on two cores: the same files in the stage folders' order took 21 min 35 s, in this
+    one 16 min 10 s (fresh-clone ``.ci/run`` records of 1eafb57's successor and c0c7ae6). A stable sort: each file's
+    tests stay together and in order.
+    """
+    items.sort(key=lambda item: ("reliability" not in item.path.parts, item.path.name))
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     ledger.print_tables(terminalreporter.write_line)
 
