@@ -52,9 +52,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the files in the order they had in one folder: the fault-injection tests, then by file name.
 
     xdist's ``--dist loadfile`` hands files to its two processes in collection order, so the order decides which
-    files run beside each other on two cores: the same files in the stage folders' order took 21 min 35 s, in
-    this one 16 min 10 s (the fresh-clone ``.ci/run`` records of 4c86411 and c0c7ae6 in records/ci/). A stable
-    sort: each file's tests stay together and in order.
+    files run beside each other on two cores; this keeps the suite's times comparable with the records made before
+    the tests moved into stage folders. A stable sort: each file's tests stay together and in order.
     """
     items.sort(key=lambda item: ("reliability" not in item.path.parts, item.path.name))
 
