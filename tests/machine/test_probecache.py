@@ -120,6 +120,12 @@ def test_the_working_directory_does_not_change_the_key(tmp_path: Path, monkeypat
         monkeypatch.chdir(folder)
         monkeypatch.setattr(sys, "path", [str(folder), *rest])
         assert probe_key() == here
+    gone = tmp_path / "gone"  # a folder deleted under the running process: os.getcwd() raises there
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    monkeypatch.setattr(sys, "path", rest)
+    gone.rmdir()
+    assert probe_key() == here
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     assert probe_key() != here
 

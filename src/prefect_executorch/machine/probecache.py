@@ -64,7 +64,11 @@ def _read(path: str) -> str | None:
 def _search_path() -> list[str]:
     """``sys.path`` less the working directory, which ``python -m`` puts first: a rebuild from another folder is the
     same machine (what a folder could shadow is keyed by where the packages the probe reads are found)."""
-    return [entry for entry in sys.path if entry not in ("", os.getcwd())]
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:  # the folder was deleted under a running process: nothing of it can shadow a package
+        cwd = ""
+    return [entry for entry in sys.path if entry not in ("", cwd)]
 
 
 def _distributions() -> list[list[Any]]:
