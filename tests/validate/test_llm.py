@@ -18,7 +18,7 @@ from prefect_executorch.runtime.llm_runner import generate
 from prefect_executorch.spec.buildspec import BuildSpec, load_spec, parse_spec
 from prefect_executorch.spec.causal_lm import load_causal_lm
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_FILE
-from prefect_executorch.targets import get_target
+from prefect_executorch.targets import check_build, get_target
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.validate.validator import require_passed, validate_program
 
@@ -460,4 +460,4 @@ def test_a_cache_longer_than_the_model_takes_is_refused_before_export(models: Pa
     spec = llm_spec(models / "llama", max_seq_len=1024)  # the tiny models take 512 positions
     with pytest.raises(SpecError, match="llm.max_seq_len: 1024 is more positions than the model takes \\(its "
                                         "max_position_embeddings is 512\\)"):
-        get_target("xnnpack").check_build(spec, probe())
+        check_build(spec, probe())

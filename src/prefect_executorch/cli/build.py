@@ -126,10 +126,10 @@ def _start_prefect() -> ApiStart:
 def _published_build(spec: Any, store: Any, toolchain: Any) -> Any:
     """An unchanged rebuild's published bundle, found without starting Prefect; a changed one is refused here."""
     from prefect_executorch.artifacts.rebuild import check_rebuild
-    from prefect_executorch.targets import get_target
+    from prefect_executorch.targets import check_build, get_target
 
     target = get_target(spec.target_name)
-    for warning in target.check_build(spec, toolchain):
+    for warning in check_build(spec, toolchain):
         err_console.print(f"[yellow]warning:[/] {escape(warning)}")
     return check_rebuild(spec, toolchain, target.compat(spec, toolchain), store).ref
 

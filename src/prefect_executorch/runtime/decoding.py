@@ -181,12 +181,12 @@ def open_generator(program: Path, tokenizer: Path, target: str, data: Path | Non
 
     chosen = get_target(target)
     partial = partial_utf8_tokens(Tokenizer.from_file(str(tokenizer)))
-    if chosen.llm_runner and not partial:
+    if chosen.runs_in_executorch_runtime and not partial:
         return LlmRunner(program, tokenizer)
     chosen.runtime_setup(hints)
     # The runner's Python binding hands each token's text to Python as str: a token that ends inside a character
     # fails it (UnicodeDecodeError), so such a tokenizer's bundles are driven here, decoding incrementally.
     why = (f"{partial} of its tokenizer's tokens are not whole UTF-8, which the LLM runner's Python binding cannot "
-           "pass" if partial and chosen.llm_runner else "this runtime has no LLM runner")
+           "pass" if partial and chosen.runs_in_executorch_runtime else "this runtime has no LLM runner")
     return ForwardCalls(LoadedProgram(program, data), tokenizer, why)
 

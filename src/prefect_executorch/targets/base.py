@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from prefect_executorch.machine.toolchain import Toolchain
     from prefect_executorch.program import MethodFacts
     from prefect_executorch.spec.buildspec import BuildSpec
+    from prefect_executorch.spec.kinds import FixedShapes
 
 #: Name of the program file in every bundle.
 PROGRAM_FILE = "model.pte"
@@ -48,24 +49,13 @@ class Target(ABC):
     device: ClassVar[Device]
     #: Whether its programs must each have a process of their own (the side-by-side runs them apart).
     one_program_per_process: ClassVar[bool] = False
-    #: Whether the runtime that runs its programs ships ExecuTorch's LLM runner (else a decoder LM is driven
-    #: one token per call through that runtime: ``runtime/decoding.py``).
-    llm_runner: ClassVar[bool] = True
+    #: Whether its programs run in the ExecuTorch package's own runtime, with the extensions built beside it (the LLM
+    #: runner among them); else in a runtime wheel swapped in for it, which has the program loader only.
+    runs_in_executorch_runtime: ClassVar[bool] = True
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         """Raise ``SpecError``/``ToolchainMismatch`` for what cannot work; return warnings."""
         return []
-
-    def check_build(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
-        """``check``, after what the spec's model kind needs in this process's environment (a decoder LM or a speech
-        model: the ``llm`` extra): everything that keeps a build from starting, before any export."""
-        if spec.llm is not None or spec.asr is not None:
-            from prefect_executorch.spec.causal_lm import check_positions, require_llm_stack
-
-            require_llm_stack("llm" if spec.llm is not None else "asr")
-        if spec.llm is not None:
-            check_positions(spec)
-        return self.check(spec, toolchain)
 
     @abstractmethod
     def compat(self, spec: BuildSpec, toolchain: Toolchain) -> str:
@@ -79,11 +69,10 @@ class Target(ABC):
 
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes)
 
-    def llm_token_per_call(self, spec: BuildSpec) -> bool:
-        """Whether a decoder LM's program takes one token a call (else any number: the prompt in one call), as
-        ``llm.prefill`` says; ``auto``: the prompt in one call."""
-        assert spec.llm is not None
-        return spec.llm.prefill == "token_by_token"
+    def fixed_shapes(self, spec: BuildSpec) -> FixedShapes | None:
+        """The setting under which this spec's programs run only at the sizes they were exported with (each model
+        kind then feeds them calls of those sizes); None: any size their dynamic dims allow."""
+        return None
 
     def placed_model(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
         """A Hugging Face model (a decoder LM, a speech model) as this target exports it: on its device, in its

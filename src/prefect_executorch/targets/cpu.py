@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import ToolchainMismatch
 from prefect_executorch.machine.compat import cpu_compat
+from prefect_executorch.spec.kinds import inputs_planned
 from prefect_executorch.spec.options import PortableOptions, XnnpackOptions
 from prefect_executorch.spec.schemes import check_scheme, compat_tag
 from prefect_executorch.targets.base import PROGRAM_FILE, WEIGHTS_TAG, Lowered, Target
@@ -82,9 +83,7 @@ class CpuTarget(Target):
         # Quantized embeddings (torchao's dequantize + embedding) become ExecuTorch's quantized embedding kernels
         # in this pass; nothing else runs torchao's dequantize.
         fuse = spec.quantization is not None and spec.quantization.embeddings is not None
-        # A speech decoder takes every layer's cross-attention keys and values on every token (18 MB at whisper-tiny's
-        # size): planned inputs would be copied in each call, unplanned ones are read where the caller holds them.
-        planning = MemoryPlanningPass(alloc_graph_input=spec.asr is None)
+        planning = MemoryPlanningPass(alloc_graph_input=inputs_planned(spec))
         return edge.to_executorch(ExecutorchBackendConfig(
             external_constants=_weights_tag if spec.external_weights else False, do_quant_fusion_and_const_prop=fuse,
             memory_planning_pass=planning))

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from prefect_executorch.errors import ExportFailed, SpecError, ToolchainMismatch
 from prefect_executorch.machine.compat import cuda_compat
+from prefect_executorch.spec.kinds import FixedShapes, replayable_methods
 from prefect_executorch.spec.options import CudaOptions
 from prefect_executorch.spec.schemes import check_scheme
 from prefect_executorch.targets.base import PROGRAM_FILE, Lowered
@@ -55,6 +56,8 @@ BACKEND_OWNED_INDUCTOR = {"max_autotune", "max_autotune_gemm_backends", "max_aut
                           "triton.autotune_pointwise"}
 #: What the backend's runtime names the methods it captures and replays (a comma-separated runtime option).
 CUDA_GRAPH_OPTION = "enable_cuda_graph_for_method"
+#: ``target.cuda_graphs``: a captured graph replays fixed sizes only (the runtime refuses an input of another size).
+_GRAPH_REPLAY = FixedShapes("target.cuda_graphs", "a CUDA graph replays the sizes it captured")
 
 
 def inductor_problems(settings: dict[str, Any]) -> list[str]:
@@ -74,11 +77,9 @@ def inductor_problems(settings: dict[str, Any]) -> list[str]:
 
 
 def graph_methods(spec: BuildSpec) -> list[str]:
-    """The methods the runtime captures as CUDA graphs: every method (a decoder LM's ``forward``) when
-    ``target.cuda_graphs`` is on."""
-    if not _options(spec).cuda_graphs:
-        return []
-    return ["forward"] if spec.llm is not None else sorted(spec.methods)
+    """The methods the runtime captures as CUDA graphs: those the model kind replays, when ``target.cuda_graphs``
+    is on."""
+    return replayable_methods(spec) if _options(spec).cuda_graphs else []
 
 
 def _on_off(flag: bool) -> str:
@@ -201,26 +202,6 @@ def _toolchain_problems(toolchain: Toolchain) -> list[str]:
     return problems + cuda_backend_problems(toolchain, "target cuda", "build target xnnpack on this worker")
 
 
-def _check_cuda_graphs(spec: BuildSpec) -> None:
-    """A captured graph replays fixed sizes only (the runtime refuses an input of another size): no dynamic inputs."""
-    if not _options(spec).cuda_graphs:
-        return
-    if spec.asr is not None:
-        raise SpecError("target.cuda_graphs with asr: a speech program's decoder is not replayed as a CUDA graph yet; "
-                        "set cuda_graphs: false")
-    if spec.llm is not None and spec.llm.prefill == "one_call":
-        raise SpecError("target.cuda_graphs with llm.prefill: one_call: a replayed forward takes the sizes it captured, "
-                        "and the prompt comes in calls of other sizes; set llm.prefill: auto (a token a call, each "
-                        "replayed) or cuda_graphs: false")
-    dynamic = [f"{method}.{spec_input.name}" for method, entry in spec.methods.items() for spec_input in entry.inputs
-               if spec_input.dynamic]
-    if dynamic:
-        raise SpecError(
-            f"target.cuda_graphs: a CUDA graph replays the sizes it captured, and these inputs are dynamic: "
-            f"{', '.join(dynamic)}; remove their dynamic dims (one program per size that serves) or set cuda_graphs: false"
-        )
-
-
 class CudaTarget(GpuTarget):
     """ExecuTorch's CUDA backend: every method compiled by AOTInductor (Triton kernels), weights in the ``.ptd``."""
 
@@ -230,8 +211,8 @@ class CudaTarget(GpuTarget):
     # loads it from there: a second program with the same kernels (a rebuild, new weights) rewrites the library
     # the first has loaded. Two such programs in one side-by-side child died of SIGSEGV on the H200.
     one_program_per_process = True
-    # The runtime wheel that registers CudaBackend ships no LLM runner: a decoder LM runs one token per call.
-    llm_runner = False
+    # Its programs run in the runtime wheel that registers CudaBackend (no LLM runner: a decoder LM is driven here).
+    runs_in_executorch_runtime = False
 
     def check(self, spec: BuildSpec, toolchain: Toolchain) -> list[str]:
         check_scheme(spec, self.name)
@@ -239,7 +220,6 @@ class CudaTarget(GpuTarget):
         problems = _toolchain_problems(toolchain)
         if problems:
             raise cannot_build("cuda", problems, INSTALL)
-        _check_cuda_graphs(spec)
         if _options(spec).inductor and (wrong := inductor_problems(_options(spec).inductor)):
             raise SpecError("; ".join(wrong))
         if spec.external_weights:
@@ -262,10 +242,8 @@ class CudaTarget(GpuTarget):
         # Inductor compiles for the device the program was exported on.
         return super().export_method(module.to("cuda"), tuple(a.to("cuda") for a in args), dynamic_shapes, spec)
 
-    def llm_token_per_call(self, spec: BuildSpec) -> bool:
-        # A CUDA graph replays the sizes it captured: a replayed forward takes one token, the prompt a token a call.
-        assert spec.llm is not None
-        return super().llm_token_per_call(spec) or (spec.llm.prefill == "auto" and _options(spec).cuda_graphs)
+    def fixed_shapes(self, spec: BuildSpec) -> FixedShapes | None:
+        return _GRAPH_REPLAY if _options(spec).cuda_graphs else None
 
     def placed_model(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
         import torch

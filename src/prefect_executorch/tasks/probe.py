@@ -10,7 +10,7 @@ from prefect_executorch.machine.probecache import probe_cached
 from prefect_executorch.machine.toolchain import Toolchain
 from prefect_executorch.progress import stage
 from prefect_executorch.spec.buildspec import BuildSpec
-from prefect_executorch.targets import get_target
+from prefect_executorch.targets import check_build, get_target
 
 
 @task(name="probe-toolchain")
@@ -29,7 +29,7 @@ def probe_toolchain() -> Toolchain:
 def check_buildable(spec: BuildSpec, toolchain: Toolchain) -> str:
     """Raise for what this worker cannot build; log warnings; return the bundle's compat key."""
     target = get_target(spec.target_name)
-    for warning in target.check_build(spec, toolchain):
+    for warning in check_build(spec, toolchain):
         get_run_logger().warning(warning)
     return target.compat(spec, toolchain)
 
