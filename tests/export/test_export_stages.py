@@ -8,6 +8,7 @@ import pytest
 
 from prefect_executorch.errors import ExportFailed
 from prefect_executorch.export.exporter import export_program
+from prefect_executorch.export.stages import run_lowering
 
 
 def test_an_operator_without_a_kernel_is_named_at_export(make_spec, tmp_path: Path) -> None:
@@ -85,3 +86,15 @@ def test_a_runtime_failure_carries_what_the_runtime_logged(make_spec, tmp_path: 
     message = str(info.value)
     assert "NotSupported" in message
     assert "the runtime said: " in message and "Attempted to resize a bounded tensor" in message, message
+
+
+def test_a_lowering_failure_that_lists_its_operators_names_them() -> None:
+    """ExecuTorch 1.4.1's CUDA backend heads its list of kernels it lacks with one line; the build's one message
+    named none of them (a Moonshine build on an H100)."""
+    def lower() -> None:
+        raise RuntimeError("Method text_decoder missing fallback kernels (2 total):\n  - aten::split_copy.Tensor\n"
+                           "  - aten::unbind_copy.int\nPlease add them to the AOTI backend.")
+
+    with pytest.raises(ExportFailed, match=r"failed: RuntimeError: Method text_decoder missing fallback kernels \(2 "
+                                           r"total\): aten::split_copy\.Tensor, aten::unbind_copy\.int\ntorch\.export"):
+        run_lowering(lower, "cuda")

@@ -398,7 +398,10 @@ def test_a_decoder_lm_replays_a_one_token_forward_and_a_one_call_prefill_is_refu
 
 def test_splits_reach_the_cuda_backend_as_slices_that_compute_the_same() -> None:
     """The CUDA backend cannot compile the edge dialect's ``split_copy`` (a Moonshine decoder's ``chunk`` failed its
-    build): the programs it lowers have their splits, even and uneven, as slices; a dynamic dim stays dynamic."""
+    build, twice: a strict export keeps ``chunk`` itself): the edge programs it compiles have their splits and chunks,
+    even and uneven, as slices, from either export; a dynamic dim stays dynamic."""
+    from executorch.exir import EdgeCompileConfig, to_edge
+
     from prefect_executorch.targets.cuda import splits_as_slices
 
     class Gated(torch.nn.Module):
@@ -406,19 +409,28 @@ def test_splits_reach_the_cuda_backend_as_slices_that_compute_the_same() -> None
             value, gate = x.chunk(2, dim=-1)
             first, second, third = torch.split(x, [3, 5, 8], dim=-1)
             return value * torch.nn.functional.silu(gate), first.sum(-1) - second.sum(-1) * third.sum(-1), \
-                x.split(6, dim=-1)[2]
+                x.split(6, dim=-1)[2], x.chunk(3, dim=-1)[2]
+
+    class ChunkOnly(torch.nn.Module):  # Moonshine's gated MLP: its one split is a chunk
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            value, gate = x.chunk(2, dim=-1)
+            return value * torch.nn.functional.silu(gate)
 
     def operators(program: Any) -> set[str]:
         return {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
 
     steps = torch.export.Dim("steps", min=2, max=64)
-    program = torch.export.export(Gated(), (torch.randn(2, 5, 16),), dynamic_shapes=({1: steps},))
-    assert {"aten.split.Tensor", "aten.split_with_sizes.default"} <= operators(program)
-    sliced = splits_as_slices(program)
-    assert not any("split" in name for name in operators(sliced)) and "aten.slice.Tensor" in operators(sliced)
-    for length in (5, 9):
-        x = torch.randn(2, length, 16)
-        for want, got in zip(program.module()(x), sliced.module()(x), strict=True):
-            assert torch.equal(want, got)
+    for model, strict in [(Gated(), False), (Gated(), True), (ChunkOnly(), True)]:
+        program = torch.export.export(model, (torch.randn(2, 5, 16),), dynamic_shapes=({1: steps},), strict=strict)
+        assert any("split" in name or "chunk" in name for name in operators(program))
+        sliced = splits_as_slices(program)
+        edge = to_edge(sliced, compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True))
+        assert not any("split" in name or "chunk" in name for name in operators(edge.exported_program())), model
+        assert "aten.slice.Tensor" in operators(sliced)
+        for length in (5, 9):
+            x = torch.randn(2, length, 16)
+            for want, got in zip(torch.utils._pytree.tree_leaves(program.module()(x)),
+                                 torch.utils._pytree.tree_leaves(sliced.module()(x)), strict=True):
+                assert torch.equal(want, got)
     plain = torch.export.export(torch.nn.Linear(4, 4), (torch.randn(1, 4),))
     assert splits_as_slices(plain) is plain

@@ -29,8 +29,13 @@ _INPUT_WORDS = ("dynamic_shapes", "constraint", "Constraints violated", "special
 
 
 def summary(exc: BaseException) -> str:
-    """``Type: first line`` of an exception, cut short: the whole text is in the child's log (isolation.py)."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    """``Type: first line`` of an exception, cut short: the whole text is in the child's log (isolation.py). A first
+    line that heads a list (the CUDA backend's "missing fallback kernels (1 total):" then "  - aten::…") takes
+    the list's items."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else ""
+    if text.endswith(":"):
+        text += " " + ", ".join(line.strip()[2:] for line in lines[1:] if line.strip().startswith("- "))
     if len(text) > SUMMARY_CHARS:
         text = text[:SUMMARY_CHARS] + "..."
     return f"{type(exc).__name__}: {text}"

@@ -8,6 +8,7 @@ backend's source without a GPU; only ``lower`` and ``runtime_setup`` import the 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -131,8 +132,8 @@ def triton_choice(options: CudaOptions, method: str, program: ExportedProgram) -
 def _split_as_slices(tensor: torch.Tensor, sizes: list[int], dim: int) -> list[torch.Tensor]:
     import torch
 
-    starts = [sum(sizes[:index]) for index in range(len(sizes))]
-    return [torch.ops.aten.slice.Tensor(tensor, dim, start, start + size) for start, size in zip(starts, sizes, strict=True)]
+    return [torch.ops.aten.slice.Tensor(tensor, dim, end - size, end)
+            for end, size in zip(accumulate(sizes), sizes, strict=True)]
 
 
 def _split(tensor: torch.Tensor, split_size: int, dim: int = 0) -> Any:
@@ -146,16 +147,25 @@ def _split_with_sizes(tensor: torch.Tensor, split_sizes: list[int], dim: int = 0
     return _split_as_slices(tensor, list(split_sizes), dim)
 
 
+def _chunk(tensor: torch.Tensor, chunks: int, dim: int = 0) -> Any:
+    length = tensor.shape[dim]
+    if not isinstance(length, int):
+        return NotImplemented
+    return _split(tensor, -(-length // chunks), dim)  # torch.chunk's pieces: ceil(length / chunks) each, the last less
+
+
 def splits_as_slices(program: ExportedProgram) -> ExportedProgram:
     """``program`` with its splits (``chunk`` in a model's code) as slices of their input.
 
     The CUDA backend has no kernel for the ``split_copy`` that the edge dialect makes of a split (ExecuTorch
     1.4.1: "missing fallback kernels: aten::split_copy.Tensor", seen on Moonshine's gated MLP); slices are
-    views Inductor compiles. Only the two split operators are decomposed; a program without them is returned as is.
+    views Inductor compiles. A strict export keeps ``chunk`` itself, which the edge dialect makes a split too. Only
+    these operators are decomposed; a program without them is returned as is.
     """
     import torch
 
-    table = {torch.ops.aten.split.Tensor: _split, torch.ops.aten.split_with_sizes.default: _split_with_sizes}
+    table = {torch.ops.aten.split.Tensor: _split, torch.ops.aten.split_with_sizes.default: _split_with_sizes,
+             torch.ops.aten.chunk.default: _chunk}
     if not any(node.op == "call_function" and node.target in table for node in program.graph_module.graph.nodes):
         return program
     return program.run_decompositions(table)
