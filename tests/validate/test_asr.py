@@ -41,6 +41,8 @@ CLI = [sys.executable, "-m", "prefect_executorch.cli"]
 ASR = {"language": "en", "task": "transcribe", "max_new_tokens": 12}
 #: The test Whisper's window: Whisper's own 30 s (benchmarks/asr.py builds it) costs six times as much each encoder call.
 WINDOW_S = 5
+#: One encoder and one decoder layer: each more is more XNNPACK partitions, ~1 s each, in every export.
+LAYERS = 1
 
 
 def asr_spec(model_dir: Path, version: str = "1", **extra: Any) -> BuildSpec:
@@ -50,7 +52,8 @@ def asr_spec(model_dir: Path, version: str = "1", **extra: Any) -> BuildSpec:
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Trained: random weights repeat one token whatever they hear; a trained model's transcript depends on the clip.
-    return write_tiny_whisper(tmp_path_factory.mktemp("asr") / "whisper", train_steps=100, window_s=WINDOW_S)
+    return write_tiny_whisper(tmp_path_factory.mktemp("asr") / "whisper", train_steps=100, window_s=WINDOW_S,
+                              layers=LAYERS)
 
 
 # --- the spec -----------------------------------------------------------------------------------------------
@@ -186,7 +189,7 @@ def test_a_front_end_program_off_the_feature_extractor_fails_its_gate_naming_the
 def test_a_program_whose_transcript_departs_from_eager_is_refused_naming_the_clip_and_both_tokens(
         built: tuple[Path, Path], tmp_path: Path) -> None:
     _, bundle = built
-    other = write_tiny_whisper(tmp_path / "other-seed", seed=1, window_s=WINDOW_S)  # the same shapes, other weights
+    other = write_tiny_whisper(tmp_path / "other-seed", seed=1, window_s=WINDOW_S, layers=LAYERS)  # the same shapes, other weights
     report = validate_program(asr_spec(other), bundle, [], scratch_dir=tmp_path)
     with pytest.raises(ValidationFailed) as caught:
         require_passed(report)
@@ -241,7 +244,7 @@ def test_a_moonshine_directory_builds_one_program_for_any_length_that_transcribe
     import torch
     from transformers import MoonshineForConditionalGeneration
 
-    model_dir = write_tiny_moonshine(tmp_path / "moonshine", train_steps=100)
+    model_dir = write_tiny_moonshine(tmp_path / "moonshine", train_steps=100, layers=LAYERS)
     (tmp_path / "spec.yaml").write_text(json.dumps({"name": "tiny-moonshine", "version": "1", "model": str(model_dir),
                                                     "asr": {"max_new_tokens": 12}}))
     done = subprocess.run([*CLI, "build", "spec.yaml", "--store", "store"], cwd=tmp_path, capture_output=True,

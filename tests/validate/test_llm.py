@@ -38,13 +38,20 @@ def export_and_validate(spec: BuildSpec, out: Path) -> tuple[ExportedProgramDir,
     return export, report
 
 
+#: One decoder layer where a test needs no more: each layer is six more XNNPACK partitions, ~1 s each, in every
+#: export. Gemma 3 keeps two, a sliding-window layer and a full one, and so checks a cache of several layers.
+LAYERS = 1
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("llms")
-    for architecture in ("llama", "qwen2", "qwen3", "gemma3_text"):
-        write_tiny_llm(root / architecture, architecture)
-    write_tiny_llm(root / "llama-other-seed", "llama", seed=1)
-    write_tiny_llm(root / "llama-trained", "llama", train_steps=200)  # a trained model's next token stands out
+    for architecture in ("llama", "qwen2", "qwen3"):
+        write_tiny_llm(root / architecture, architecture, layers=LAYERS)
+    write_tiny_llm(root / "gemma3_text", "gemma3_text", layers=2)
+    write_tiny_llm(root / "llama-other-seed", "llama", seed=1, layers=LAYERS)
+    # a trained model's next token stands out
+    write_tiny_llm(root / "llama-trained", "llama", train_steps=200, layers=LAYERS)
     return root
 
 
@@ -377,7 +384,7 @@ def test_a_bos_adding_tokenizer_generates_what_transformers_generates(tmp_path: 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_dir = write_tiny_llm(tmp_path / "llama3-style", "llama", train_steps=200, adds_bos=True)
+    model_dir = write_tiny_llm(tmp_path / "llama3-style", "llama", train_steps=200, adds_bos=True, layers=LAYERS)
     (tmp_path / "llm.yaml").write_text(
         f"name: bos\nversion: '1'\nmodel: {model_dir}\nllm:\n  max_seq_len: 40\n  new_tokens: 12\n")
     built = _cli("build", "llm.yaml", cwd=tmp_path)
@@ -427,7 +434,7 @@ def test_tokens_that_are_not_whole_utf8_build_and_generate(tmp_path: Path) -> No
 
     from prefect_executorch.spec.causal_lm import partial_utf8_tokens
 
-    model_dir = write_tiny_llm(tmp_path / "bytes", "llama", byte_alphabet=True)
+    model_dir = write_tiny_llm(tmp_path / "bytes", "llama", byte_alphabet=True, layers=LAYERS)
     assert partial_utf8_tokens(Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))) > 0
     (tmp_path / "llm.yaml").write_text(f"name: bytes\nversion: '1'\nmodel: {model_dir}\n"
                                        "llm:\n  max_seq_len: 64\n  new_tokens: 24\n  prompts: ['日本', 'naïve café']\n")
