@@ -34,8 +34,9 @@ def summary(exc: BaseException) -> str:
     the list's items."""
     lines = str(exc).strip().splitlines()
     text = lines[0] if lines else ""
-    if text.endswith(":"):
-        text += " " + ", ".join(line.strip()[2:] for line in lines[1:] if line.strip().startswith("- "))
+    items = [line.strip()[2:] for line in lines[1:] if line.strip().startswith("- ")] if text.endswith(":") else []
+    if items:
+        text += " " + ", ".join(items)
     if len(text) > SUMMARY_CHARS:
         text = text[:SUMMARY_CHARS] + "..."
     return f"{type(exc).__name__}: {text}"
