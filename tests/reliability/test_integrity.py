@@ -205,3 +205,19 @@ def test_unusable_keys_name_the_setting(tmp_path: Path) -> None:
     ed25519.write_bytes(Ed25519PrivateKey.generate().private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
     with pytest.raises(SpecError, match="holds a .*Ed25519PrivateKey.*, not an EC private key"):
         SigningSettings(signing_key=ed25519).checked_signing_key()
+
+
+def test_a_store_folder_given_as_a_bundle_is_sent_to_pull(real_bundle: Callable[[str], RealBundle], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local store's folder holds the bundle's files beside ``model.sig.<manifest sha256>``; with a public key set,
+    a command given that folder says to pull it, rather than calling a signed bundle unsigned."""
+    store = LocalStore(tmp_path / "store")
+    private, public = key_pair(tmp_path / "keys", "ours")
+    ref = publish(store, *real_bundle("convnet").variant(tmp_path / "src", version="7"),
+                  signing=SigningSettings(signing_key=private))
+    monkeypatch.setenv("PREFECT_EXECUTORCH_SIGNING_PUBLIC_KEY", str(public))
+    with pytest.raises(IntegrityError, match=r"inside the store, not a pulled bundle.*`prefect-executorch pull "
+                                             r"convnet --version 7 --to DIR`"):
+        verify_bundle_dir(store.root / ref.key.prefix)
+    pull(store, ref.key, tmp_path / "pulled")
+    assert verify_bundle_dir(tmp_path / "pulled").version == "7"

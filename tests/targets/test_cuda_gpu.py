@@ -354,7 +354,8 @@ def test_a_bf16_moonshine_builds_one_program_for_any_length_and_transcribes_thro
     assert {name: manifest["methods"][name]["delegates"] for name in ("encoder", "text_decoder")} == \
         {"encoder": ["CudaBackend"], "text_decoder": ["CudaBackend"]}
     samples = made_clip("noise-1500ms", 16000).tolist() * 3 + made_clip("chirp-200-2000hz-2s", 16000).tolist()
-    transcribed = cli("transcribe", str(bundle), str(write_wav(tmp_path / "long.wav", np.array(samples))))
+    cli("pull", "tiny-moonshine", "--version", "1", "--to", "pulled")
+    transcribed = cli("transcribe", "./pulled", str(write_wav(tmp_path / "long.wav", np.array(samples))))
     assert "for 6.50 s of audio" in transcribed, transcribed
 
 

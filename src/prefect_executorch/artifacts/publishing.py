@@ -436,6 +436,13 @@ def verify_bundle_dir(bundle_dir: Path) -> Manifest:
     manifest = parse_manifest(data, str(path))
     public_key = _signing(None).checked_public_key()
     if public_key is not None:
+        if not (bundle_dir / SIGNATURE_FILE).exists() and any(bundle_dir.glob(f"{SIGNATURE_FILE}.*")):
+            # A local store keeps each manifest's signature beside it by the manifest's sha256; the signature covers
+            # the bundle as a pull lays it out, so this folder cannot be checked in place.
+            raise IntegrityError(
+                f"{bundle_dir} is a bundle's folder inside the store, not a pulled bundle: its signature is kept as "
+                f"{SIGNATURE_FILE}.<manifest sha256> and verifies only where a pull lays the bundle out; run "
+                f"`prefect-executorch pull {manifest.name} --version {manifest.version} --to DIR` and give DIR")
         verify_directory(bundle_dir, public_key, str(bundle_dir))
     verify_pairing(manifest)
     for entry in manifest.files:
