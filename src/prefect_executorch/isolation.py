@@ -53,6 +53,7 @@ COMMANDS: dict[str, str] = {
 #: What the forkserver imports once, so that children do not (missing ones are skipped). Never the
 #: ExecuTorch runtime: the TensorRT delegate package must swap in its own before the stock one loads.
 PRELOAD = [
+    "prefect_executorch.forkserver_env",  # first: the environment the imports below need
     "torch",
     "executorch.exir",
     "executorch.backends.xnnpack.partition.xnnpack_partitioner",
@@ -61,8 +62,8 @@ PRELOAD = [
     "prefect_executorch.export.exporter",
     "prefect_executorch.validate.validator",
 ]
-#: The forkserver's environment beside the caller's. Its preload imports torchao (through executorch.exir),
-#: which calls ``torch.cuda.is_available()`` at import; that CUDA-runtime check marks the process so that
+#: The forkserver's environment beside the caller's, set in it by its first preload. Its preload imports torchao
+#: (through executorch.exir), which calls ``torch.cuda.is_available()`` at import; that CUDA-runtime check marks the process so that
 #: every forked child then fails "Cannot re-initialize CUDA in forked subprocess". torch's NVML check
 #: answers the same question without that mark.
 FORKSERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
@@ -86,32 +87,32 @@ def _context(method: StartMethod | None = None) -> Any:
     return context
 
 
+#: Held while fd 2 points elsewhere: two threads starting children at once would otherwise interleave their
+#: saves and restores of fd 2, and the last restore could leave this process's stderr at /dev/null.
+_STDERR_SWAP = threading.Lock()
+
+
 def _ensure_forkserver(quiet: bool) -> None:
-    """Start the forkserver (once) with ``FORKSERVER_ENV``; this process's own environment stays as it was.
+    """Start the forkserver (once); its first preload sets ``FORKSERVER_ENV`` in it, not here.
 
     ``quiet`` sends the forkserver's own stderr to /dev/null: its imports print C-level notes and
     library warnings (cpuinfo, torchao's optional kernels, torch's _pytree) that a terminal user cannot
     act on; each child logs to its own file anyway.
     """
-    saved = {name: os.environ.get(name) for name in FORKSERVER_ENV}
-    os.environ.update(FORKSERVER_ENV)
-    # The forkserver inherits fd 2 when it is spawned, so point fd 2 elsewhere for that moment only.
-    stderr = os.dup(2) if quiet else None
-    devnull = os.open(os.devnull, os.O_WRONLY) if quiet else None
-    try:
-        if devnull is not None:
-            os.dup2(devnull, 2)
+    if not quiet:
         multiprocessing.forkserver.ensure_running()
-    finally:
-        if stderr is not None and devnull is not None:
+        return
+    # The forkserver inherits fd 2 when it is spawned, so point fd 2 elsewhere for that moment only.
+    with _STDERR_SWAP:
+        stderr = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+            multiprocessing.forkserver.ensure_running()
+        finally:
             os.dup2(stderr, 2)
             os.close(stderr)
             os.close(devnull)
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def check_main_guard() -> None:

@@ -210,3 +210,30 @@ def test_children_started_from_many_threads_each_report_their_own_exit_status() 
         thread.join()
     assert len(statuses) == 200
     assert [status for status in statuses if status != 0] == []
+
+
+def test_starting_the_forkserver_leaves_this_process_environment_alone(tmp_path: Path) -> None:
+    """Other threads of the caller read ``os.environ`` while one starts the forkserver (three builds of one flow run
+    once met "dictionary changed size during iteration" there); the forkserver's own setting reaches its children."""
+    import subprocess
+    import sys
+
+    seen = tmp_path / "child-env.txt"
+    script = (
+        "import os\n"
+        "writes = []\n"
+        "class Watched(type(os.environ)):\n"
+        "    def __setitem__(self, key, value):\n        writes.append(key); super().__setitem__(key, value)\n"
+        "    def __delitem__(self, key):\n        writes.append(key); super().__delitem__(key)\n"
+        "os.environ.__class__ = Watched\n"
+        "from prefect_executorch.isolation import _context\n"
+        "context = _context('forkserver')\n"
+        f"child = context.Process(target=os.system, args=('echo \"$PYTORCH_NVML_BASED_CUDA_CHECK\" > {seen}',))\n"
+        "child.start(); child.join(120)\n"
+        "print('writes', writes, 'PYTORCH_NVML_BASED_CUDA_CHECK' in os.environ)\n"
+    )
+    env = {name: value for name, value in os.environ.items() if name != "PYTORCH_NVML_BASED_CUDA_CHECK"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "writes [] False", done.stdout
+    assert seen.read_text().strip() == "1"

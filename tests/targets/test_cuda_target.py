@@ -235,19 +235,22 @@ def test_the_forkserver_preload_makes_no_fork_poisoning_cuda_call() -> None:
         "torch.cuda.is_available = counted('is_available', torch.cuda.is_available,\n"
         "                                  lambda: os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK') != '1')\n"
         "torch.cuda._lazy_init = counted('_lazy_init', torch.cuda._lazy_init, lambda: True)\n"
-        f"for name in {PRELOAD!r}:\n"
+        "for name in json.loads(os.environ['PRELOAD_UNDER_TEST']):\n"
         "    importlib.import_module(name)\n"
         "print(json.dumps(calls))\n"
     )
 
-    def calls(env: dict[str, str]) -> list[str]:
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, **env})
+    def calls(preload: list[str]) -> list[str]:
+        # The caller's own setting, "0", is what the forkserver's first preload must override.
+        env = {**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "0", "PRELOAD_UNDER_TEST": json.dumps(preload)}
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
-    assert "is_available" in calls({"PYTORCH_NVML_BASED_CUDA_CHECK": "0"}), "the preload no longer asks CUDA: drop FORKSERVER_ENV"
-    assert calls(FORKSERVER_ENV) == []
+    first, *imports = PRELOAD
+    assert first == "prefect_executorch.forkserver_env" and FORKSERVER_ENV == {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    assert "is_available" in calls(imports), "the preload no longer asks CUDA: drop FORKSERVER_ENV"
+    assert calls(PRELOAD) == []
 
 
 def test_the_cuda_extra_admits_what_the_runtime_wheel_requires() -> None:
