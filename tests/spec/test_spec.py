@@ -122,6 +122,29 @@ def test_malformed_yaml_is_a_spec_error(tmp_path: Path) -> None:
         load_spec(path)
 
 
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    """PyYAML keeps the last of two equal keys; a spec naming its target twice would build for the second."""
+    from prefect_executorch.fleet.automations import load_automations
+
+    path = tmp_path / "spec.yaml"
+    path.write_text("name: a\ntarget: xnnpack\nversion: '1'\ntarget: portable\n")
+    with pytest.raises(SpecError, match=r"spec\.yaml' line 4: `target` is given a second time \(first on line 2\)"):
+        load_spec(path)
+    # Nested, and on one line: each mapping on its own; a merge key's mapping may still be overridden.
+    path.write_text("name: a\nversion: '1'\nmodel: m.py:build\nmethods:\n  forward: {inputs: [], inputs: []}\n")
+    with pytest.raises(SpecError, match="line 5: `inputs` is given a second time"):
+        load_spec(path)
+    (tmp_path / "m.py").write_text("def build():\n    pass\n")
+    path.write_text("base: &x {name: a, version: '1'}\n<<: *x\nversion: '2'\nmodel: m.py:build\n"
+                    "methods: {forward: {inputs: [{name: x, shape: [2]}]}}\n")
+    with pytest.raises(SpecError, match="base: unknown field"):  # the merge is no duplicate: only the anchor is left
+        load_spec(path)
+    automations = tmp_path / "automations.yaml"
+    automations.write_text("automations:\n  - name: a\n    name: b\n")
+    with pytest.raises(SpecError, match="line 3: `name` is given a second time"):
+        load_automations(automations)
+
+
 def test_shape_points_cover_min_opt_max_and_share_named_dims() -> None:
     inputs = [
         {"name": "a", "shape": [4, 3], "dynamic": {0: {"min": 1, "max": 8, "name": "batch"}}},

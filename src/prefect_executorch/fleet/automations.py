@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from prefect_executorch.errors import DeployFailed, SpecError
+from prefect_executorch.spec.yamlfile import load_yaml
 
 _ENV = re.compile(r"\{\{\s*\$(\w+)\s*\}\}")
 
@@ -42,7 +43,7 @@ def _expand(value: Any) -> Any:
 def load_automations(path: Path) -> list[dict[str, Any]]:
     """The automations of ``path`` with the environment filled in; ``SpecError`` for an unreadable file."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path.read_text()) or {}
         return [_expand(entry) for entry in AutomationsFile.model_validate(data).automations]
     except (OSError, yaml.YAMLError, ValidationError) as exc:
         raise SpecError(f"automations file: cannot read {str(path)!r}: {exc}") from None

@@ -28,6 +28,7 @@ from prefect_executorch.spec.modelref import ModelRef, check_factory
 from prefect_executorch.spec.options import OPTIONS, TargetSpec, XnnpackOptions
 from prefect_executorch.spec.quantization import QuantizationSpec
 from prefect_executorch.spec.validation import ValidationSpec
+from prefect_executorch.spec.yamlfile import DuplicateKey, load_yaml
 
 #: The targets an `llm:` spec builds for (the runner's program with a static KV cache).
 LLM_TARGETS = ("xnnpack", "portable", "cuda")
@@ -288,7 +289,9 @@ def load_spec(path: str | Path) -> BuildSpec:
     except OSError as exc:
         raise SpecError(f"spec: cannot read {str(path)!r}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except DuplicateKey as exc:
+        raise SpecError(f"spec: {str(path)!r} {exc}") from None
     except (yaml.YAMLError, ValueError, RecursionError) as exc:
         # PyYAML raises ValueError for an impossible date (2026-13-45) and RecursionError for deep nesting.
         raise SpecError(f"spec: {str(path)!r} is not valid YAML/JSON: {exc or type(exc).__name__}") from None
