@@ -62,10 +62,10 @@ PRELOAD = [
     "prefect_executorch.export.exporter",
     "prefect_executorch.validate.validator",
 ]
-#: The forkserver's environment beside the caller's, set in it by its first preload. Its preload imports torchao
-#: (through executorch.exir), which calls ``torch.cuda.is_available()`` at import; that CUDA-runtime check marks the process so that
-#: every forked child then fails "Cannot re-initialize CUDA in forked subprocess". torch's NVML check
-#: answers the same question without that mark.
+#: The forkserver's environment beside the caller's, set in it by its first preload. Its preload imports
+#: torchao (through executorch.exir), which calls ``torch.cuda.is_available()`` at import; that CUDA-runtime
+#: check marks the process so that every forked child then fails "Cannot re-initialize CUDA in forked
+#: subprocess". torch's NVML check answers the same question without that mark.
 FORKSERVER_ENV = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 #: IsolationSettings.child_start's variable, for callers that set it for themselves (benchmarks/validation_cost.py).
 START_METHOD_ENV = "PREFECT_EXECUTORCH_CHILD_START"

@@ -12,12 +12,11 @@ import yaml
 
 
 class DuplicateKey(yaml.YAMLError):
-    """A mapping holds one key twice: ``key`` on 1-based ``line``, first on ``first_line``."""
+    """A mapping holds one key twice; the message names the key and both (1-based) lines."""
 
     def __init__(self, key: Any, line: int, first_line: int) -> None:
         super().__init__(f"line {line}: `{key}` is given a second time (first on line {first_line}); "
                          "YAML would keep the last silently: keep one")
-        self.key, self.line, self.first_line = key, line, first_line
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
