@@ -46,6 +46,16 @@ def cpu_burner() -> Iterator[None]:
         burner.wait()
 
 
+def session_api() -> dict[str, str]:
+    """``PREFECT_API_URL`` of this test process's Prefect API (``prefect_harness``), for a CLI child whose test is
+    not about the embedded API: a CLI build otherwise starts an API of its own, ~9 s of CPU beside its export.
+    Empty where no harness is up here (the child then runs embedded, as a user's build does)."""
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    return {"PREFECT_API_URL": url} if url else {}
+
+
 def spec_data(factory: str = "convnet", **overrides: Any) -> dict[str, Any]:
     """A spec mapping for a model in tests/models.py; fields may be overridden."""
     data: dict[str, Any] = {

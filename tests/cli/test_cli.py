@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
-from helpers import CLI_NOISE, MODELS, spec_data
+from helpers import CLI_NOISE, MODELS, session_api, spec_data
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+#: The CLI children report to the session's Prefect API (helpers.session_api).
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
+    env = {**os.environ, **session_api(), "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 

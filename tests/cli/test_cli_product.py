@@ -12,15 +12,18 @@ from typing import Any
 
 import pytest
 
-from helpers import CLI_NOISE, cpu_burner, settled, spec_data
+from helpers import CLI_NOISE, cpu_burner, session_api, settled, spec_data
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+#: The CLI children report to the session's Prefect API (helpers.session_api); the tests of the embedded API, of
+#: an interrupted build and of a refused one start their own, as a user's CLI does.
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 MLP = {"methods": {"forward": {"inputs": [{"name": "x", "shape": [3, 32]}]}}, "target": "portable"}
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess, with the store under ``cwd``."""
-    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
+    env = {**os.environ, **session_api(), "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
@@ -438,7 +441,7 @@ def test_the_advice_for_an_unsigned_bundle_works_a_rebuild_with_a_key_signs_it(t
 
     refused = pull("first")
     assert refused.returncode != 0 and "publish it again with PREFECT_EXECUTORCH_SIGNING_KEY" in refused.stderr
-    signing = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"),
+    signing = {**os.environ, **session_api(), "PREFECT_EXECUTORCH_STORE": str(tmp_path / "store"),
                "PREFECT_EXECUTORCH_SIGNING_KEY": str(private)}
     again = subprocess.run([*CLI, "build", spec], capture_output=True, text=True, cwd=tmp_path, env=signing, timeout=600)
     assert again.returncode == 0, again.stderr

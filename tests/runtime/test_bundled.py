@@ -24,7 +24,7 @@ from prefect_executorch.spec.buildspec import parse_spec
 from prefect_executorch.validate.bundled import bundled_facts, skip_reason
 from prefect_executorch.validate.report import ValidationReport
 
-from helpers import spec_data
+from helpers import session_api, spec_data
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -34,7 +34,7 @@ METHODS = {"forward": {"inputs": [{"name": "x", "shape": [2, 32], "dynamic": {0:
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
+    env = {**os.environ, **session_api(), "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300)
 
 

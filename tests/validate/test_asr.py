@@ -5,6 +5,7 @@ transcript it produces against eager PyTorch."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,9 +36,11 @@ from prefect_executorch.validate.sidebyside import ProgramFiles, SideBySideReque
 from prefect_executorch.validate.transcription import run_transcription_cases
 from prefect_executorch.validate.validator import require_passed, validate_program
 
-from helpers import write_wav
+from helpers import session_api, write_wav
 
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+#: The CLI's builds report to the session's Prefect API (helpers.session_api).
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 ASR = {"language": "en", "task": "transcribe", "max_new_tokens": 12}
 #: The test Whisper's window: Whisper's own 30 s (benchmarks/asr.py builds it) costs six times as much each encoder call.
 WINDOW_S = 5
@@ -128,7 +131,7 @@ def built(whisper: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     (root / "spec.yaml").write_text(json.dumps({"name": "tiny-whisper", "version": "1", "model": str(whisper),
                                                 "asr": ASR}))
     done = subprocess.run([*CLI, "build", "spec.yaml", "--store", str(root / "store")], cwd=root, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, env={**os.environ, **session_api()}, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return root, root / "store" / "tiny-whisper" / "1" / "xnnpack" / "cpu-xnnpack-x86_64"
 
@@ -248,7 +251,7 @@ def test_a_moonshine_directory_builds_one_program_for_any_length_that_transcribe
     (tmp_path / "spec.yaml").write_text(json.dumps({"name": "tiny-moonshine", "version": "1", "model": str(model_dir),
                                                     "asr": {"max_new_tokens": 12}}))
     done = subprocess.run([*CLI, "build", "spec.yaml", "--store", "store"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, env={**os.environ, **session_api()}, timeout=900)
     assert done.returncode == 0 and "3 clips, every token as eager's" in done.stdout, done.stdout + done.stderr
     bundle = tmp_path / "store" / "tiny-moonshine" / "1" / "xnnpack" / "cpu-xnnpack-x86_64"
     manifest = json.loads((bundle / "manifest.json").read_text())

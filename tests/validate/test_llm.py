@@ -22,13 +22,22 @@ from prefect_executorch.targets import check_build, get_target
 from prefect_executorch.testing.tiny_llm import write_tiny_llm
 from prefect_executorch.validate.validator import require_passed, validate_program
 
+from helpers import session_api
+
 CLI = [sys.executable, "-m", "prefect_executorch.cli"]
+#: The CLI children report to the session's Prefect API (helpers.session_api).
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 #: Short runs: a cache of 40 positions, 12 new tokens per prompt (the sliding window of the Gemma 3 model is 8).
 LLM = {"max_seq_len": 40, "new_tokens": 12, "prompts": ["the quick brown", "prefect runs", "1, 2, 3,"]}
+#: Tests of what the tokenizer and the runner do, not of a backend, build for portable: a CPU target's export of a
+#: decoder is the same up to lowering, and XNNPACK's partitions add ~40% to each export. The Llama user's build,
+#: the token-by-token and quantized tests keep XNNPACK, the default.
 
 
-def llm_spec(model_dir: Path, **llm: Any) -> BuildSpec:
-    return parse_spec({"name": "tiny", "version": "1", "model": str(model_dir), "llm": {**LLM, **llm}})
+def llm_spec(model_dir: Path, target: str | None = None, **llm: Any) -> BuildSpec:
+    """A spec of the model directory with the short runs above; the default target unless ``target`` is given."""
+    return parse_spec({"name": "tiny", "version": "1", "model": str(model_dir), **({"target": target} if target else {}),
+                       "llm": {**LLM, **llm}})
 
 
 def export_and_validate(spec: BuildSpec, out: Path) -> tuple[ExportedProgramDir, Any]:
@@ -126,9 +135,10 @@ def prompts_of(architecture: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def exported(models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[ExportedProgramDir, Any]]:
-    """Each architecture exported and validated once: its export directory and its report."""
-    return {arch: export_and_validate(llm_spec(models / arch, prompts=prompts_of(arch)), tmp_path_factory.mktemp(arch))
-            for arch in ARCHITECTURES}
+    """Each architecture exported (for portable: what differs between families is in the export) and validated
+    once: its export directory and its report."""
+    return {arch: export_and_validate(llm_spec(models / arch, "portable", prompts=prompts_of(arch)),
+                                      tmp_path_factory.mktemp(arch)) for arch in ARCHITECTURES}
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
@@ -261,7 +271,7 @@ def test_a_quantized_build_passes_its_gates_at_a_fraction_of_the_size_and_tighte
 # --- the product, as a user runs it ---------------------------------------------------------------------------
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
+    env = {**os.environ, **session_api(), "PREFECT_EXECUTORCH_STORE": str(cwd / "store")}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
@@ -386,10 +396,10 @@ def test_a_bos_adding_tokenizer_generates_what_transformers_generates(tmp_path: 
 
     model_dir = write_tiny_llm(tmp_path / "llama3-style", "llama", train_steps=200, adds_bos=True, layers=LAYERS)
     (tmp_path / "llm.yaml").write_text(
-        f"name: bos\nversion: '1'\nmodel: {model_dir}\nllm:\n  max_seq_len: 40\n  new_tokens: 12\n")
+        f"name: bos\nversion: '1'\nmodel: {model_dir}\ntarget: portable\nllm:\n  max_seq_len: 40\n  new_tokens: 12\n")
     built = _cli("build", "llm.yaml", cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-3000:]
-    bundle = next((tmp_path / "store" / "bos" / "1" / "xnnpack").iterdir())
+    bundle = next((tmp_path / "store" / "bos" / "1" / "portable").iterdir())
     files = {entry["path"] for entry in json.loads((bundle / "manifest.json").read_text())["files"]}
     assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= files
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -436,7 +446,7 @@ def test_tokens_that_are_not_whole_utf8_build_and_generate(tmp_path: Path) -> No
 
     model_dir = write_tiny_llm(tmp_path / "bytes", "llama", byte_alphabet=True, layers=LAYERS)
     assert partial_utf8_tokens(Tokenizer.from_file(str(model_dir / TOKENIZER_FILE))) > 0
-    (tmp_path / "llm.yaml").write_text(f"name: bytes\nversion: '1'\nmodel: {model_dir}\n"
+    (tmp_path / "llm.yaml").write_text(f"name: bytes\nversion: '1'\nmodel: {model_dir}\ntarget: portable\n"
                                        "llm:\n  max_seq_len: 64\n  new_tokens: 24\n  prompts: ['日本', 'naïve café']\n")
     built = _cli("build", "llm.yaml", cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-3000:]
