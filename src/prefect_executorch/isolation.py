@@ -61,6 +61,7 @@ PRELOAD = [
     "executorch.devtools",
     "prefect_executorch.export.exporter",
     "prefect_executorch.validate.validator",
+    "prefect_executorch.forkserver_warm",  # last: one tiny export, so that each child's export starts warm
 ]
 #: The forkserver's environment beside the caller's, set in it by its first preload. Its preload imports
 #: torchao (through executorch.exir), which calls ``torch.cuda.is_available()`` at import; that CUDA-runtime

@@ -237,3 +237,38 @@ def test_starting_the_forkserver_leaves_this_process_environment_alone(tmp_path:
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "writes [] False", done.stdout
     assert seen.read_text().strip() == "1"
+
+
+def test_the_forkserver_starts_its_children_warm_and_leaves_them_no_thread_that_hangs_them() -> None:
+    """Its last preload exports and lowers a tiny model, so each child's export starts warm; it does so on one thread
+    and without tqdm's monitor: a child forked from a process whose OpenMP pool had started hung at its first matmul.
+    Run as a user's process is, with every core (no OMP_NUM_THREADS); the server's threads counted against a
+    forkserver without the warm-up."""
+    import subprocess
+    import sys
+
+    script = (
+        "import os, sys\n"
+        "from prefect_executorch import isolation\n"
+        "if sys.argv[1] == 'cold':\n"
+        "    isolation.PRELOAD.remove('prefect_executorch.forkserver_warm')\n"
+        "code = ('import os, sys, torch; x = torch.randn(1500, 1500); x @ x; '\n"
+        "        'warm = sys.modules.get(\"prefect_executorch.forkserver_warm\"); '\n"
+        "        'print(warm and warm.WARMED, len(os.listdir(f\"/proc/{os.getppid()}/task\")), flush=True)')\n"
+        "child = isolation._context('forkserver').Process(target=exec, args=(code,), daemon=True)\n"
+        "child.start(); child.join(120)\n"
+        "print('exit', child.exitcode)\n"
+    )
+    env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+
+    def child_of(preload: str) -> tuple[str, str]:
+        done = subprocess.run([sys.executable, "-c", script, preload], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        *_, said, exit_line = done.stdout.strip().splitlines()
+        assert exit_line == "exit 0", (preload, done.stdout + done.stderr[-2000:])  # None: the child hung in its matmul
+        warmed, threads = said.split()
+        return warmed, threads
+
+    (warmed, threads), (unwarmed, cold_threads) = child_of("warm"), child_of("cold")
+    assert (warmed, unwarmed) == ("True", "None")
+    assert threads == cold_threads
