@@ -61,8 +61,13 @@ PRELOAD = [
     "executorch.devtools",
     "prefect_executorch.export.exporter",
     "prefect_executorch.validate.validator",
-    "prefect_executorch.forkserver_warm",  # last: one tiny export, so that each child's export starts warm
 ]
+#: Preloaded last by a process that exports (a build: its probe or export child starts the server, or the CLI's
+#: build command): one tiny export, so that each export child starts warm (``forkserver_warm``: ~7 s of CPU saved
+#: a child, ~9 s spent once). A process that only runs programs (verify, generate) would not get it back.
+WARM_PRELOAD = "prefect_executorch.forkserver_warm"
+#: The children of a build, which start its forkserver warm.
+BUILD_COMMANDS = frozenset({"probe", "export"})
 #: The forkserver's environment beside the caller's, set in it by its first preload. Its preload imports
 #: torchao (through executorch.exir), which calls ``torch.cuda.is_available()`` at import; that CUDA-runtime
 #: check marks the process so that every forked child then fails "Cannot re-initialize CUDA in forked
@@ -75,7 +80,11 @@ START_METHOD_ENV = "PREFECT_EXECUTORCH_CHILD_START"
 StartMethod = Literal["forkserver", "spawn"]
 
 
-def _context(method: StartMethod | None = None) -> Any:
+def _preload(exports: bool) -> list[str]:
+    return [*PRELOAD, WARM_PRELOAD] if exports else PRELOAD
+
+
+def _context(method: StartMethod | None = None, exports: bool = False) -> Any:
     # Imported here: the children import this module, and the settings import Prefect.
     from prefect_executorch.settings import get_settings
 
@@ -83,7 +92,7 @@ def _context(method: StartMethod | None = None) -> Any:
     method = method or settings.isolation.child_start
     context = multiprocessing.get_context(method)
     if method == "forkserver":
-        context.set_forkserver_preload(PRELOAD)
+        context.set_forkserver_preload(_preload(exports))  # read only by the server's start
         _ensure_forkserver(quiet=not settings.debug)
     return context
 
@@ -137,13 +146,14 @@ def check_main_guard() -> None:
         )
 
 
-def warm_up(quiet: bool = False) -> None:
-    """Start the forkserver now so its imports overlap with the caller's own start-up (``quiet``: see below)."""
+def warm_up(quiet: bool = False, exports: bool = False) -> None:
+    """Start the forkserver now so its imports overlap with the caller's own start-up (``quiet``: see below;
+    ``exports``: warm for export children too)."""
     check_main_guard()
     # Started before the start method is read: reading it imports the settings and Prefect (~1 s),
     # which would delay the server's own imports, the longest wait of a build. With child_start=spawn
     # (an escape hatch) the server is then never used and exits with this process.
-    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(_preload(exports))
     _ensure_forkserver(quiet)
 
 
@@ -225,7 +235,7 @@ def run_isolated(
     try:
         request_path, response_path, log_path = ipc / "request.json", ipc / "response.json", ipc / "stderr.log"
         request_path.write_text(request.model_dump_json())
-        proc = _context(start).Process(
+        proc = _context(start, exports=command in BUILD_COMMANDS).Process(
             target=_child_main,
             args=(command, str(request_path), str(response_path), str(log_path), address_space),
             name=f"prefect-executorch-{command}",

@@ -240,7 +240,8 @@ def test_starting_the_forkserver_leaves_this_process_environment_alone(tmp_path:
 
 
 def test_the_forkserver_starts_its_children_warm_and_leaves_them_no_thread_that_hangs_them() -> None:
-    """Its last preload exports and lowers a tiny model, so each child's export starts warm; it does so on one thread
+    """A building process's forkserver exports and lowers a tiny model last, so that each child's export starts
+    warm (a process that only runs programs leaves it out); it does so on one thread
     and without tqdm's monitor: a child forked from a process whose OpenMP pool had started hung at its first matmul.
     Run as a user's process is, with every core (no OMP_NUM_THREADS); the server's threads counted against a
     forkserver without the warm-up."""
@@ -250,12 +251,11 @@ def test_the_forkserver_starts_its_children_warm_and_leaves_them_no_thread_that_
     script = (
         "import os, sys\n"
         "from prefect_executorch import isolation\n"
-        "if sys.argv[1] == 'cold':\n"
-        "    isolation.PRELOAD.remove('prefect_executorch.forkserver_warm')\n"
         "code = ('import os, sys, torch; x = torch.randn(1500, 1500); x @ x; '\n"
         "        'warm = sys.modules.get(\"prefect_executorch.forkserver_warm\"); '\n"
         "        'print(warm and warm.WARMED, len(os.listdir(f\"/proc/{os.getppid()}/task\")), flush=True)')\n"
-        "child = isolation._context('forkserver').Process(target=exec, args=(code,), daemon=True)\n"
+        "context = isolation._context('forkserver', exports=sys.argv[1] == 'warm')\n"
+        "child = context.Process(target=exec, args=(code,), daemon=True)\n"
         "child.start(); child.join(120)\n"
         "print('exit', child.exitcode)\n"
     )

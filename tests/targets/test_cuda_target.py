@@ -19,7 +19,7 @@ import torch
 
 from prefect_executorch.errors import ExportFailed, SpecError, ToolchainMismatch
 from prefect_executorch.fleet.placement import MatrixCell
-from prefect_executorch.isolation import FORKSERVER_ENV, PRELOAD
+from prefect_executorch.isolation import FORKSERVER_ENV, PRELOAD, WARM_PRELOAD
 from prefect_executorch.machine.compat import fit, parse_compat
 from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, probe
 from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
@@ -250,7 +250,7 @@ def test_the_forkserver_preload_makes_no_fork_poisoning_cuda_call() -> None:
     first, *imports = PRELOAD
     assert first == "prefect_executorch.forkserver_env" and FORKSERVER_ENV == {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
     assert "is_available" in calls(imports), "the preload no longer asks CUDA: drop FORKSERVER_ENV"
-    assert calls(PRELOAD) == []
+    assert calls([*PRELOAD, WARM_PRELOAD]) == []  # a building process's, the warm-up's export included
 
 
 def test_the_cuda_extra_admits_what_the_runtime_wheel_requires() -> None:

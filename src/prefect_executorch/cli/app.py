@@ -94,15 +94,16 @@ def store_location(option: str | None) -> str:
     return get_settings().store or DEFAULT_STORE
 
 
-def start_children() -> None:
-    """Start the child-process server now (its imports overlap with ours), its own output kept off the terminal.
+def start_children(exports: bool = False) -> None:
+    """Start the child-process server now (its imports overlap with ours; ``exports``: warm for export children),
+    its own output kept off the terminal.
 
     Its imports' notes (cpuinfo, torchao's optional kernels) are quiet with --debug too: each child logs to a
     file of its own, which a failure carries.
     """
     from prefect_executorch.isolation import warm_up
 
-    warm_up(quiet=True)
+    warm_up(quiet=True, exports=exports)
 
 
 def debug_flag(ctx: typer.Context) -> bool:

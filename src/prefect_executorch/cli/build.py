@@ -62,14 +62,14 @@ def build(
         with stage("probe"):
             toolchain = cached_toolchain()
         if toolchain is None:
-            start_children()  # the probe runs in one; before an S3 store's settings import Prefect
+            start_children(exports=True)  # the probe runs in one; before an S3 store's settings import Prefect
         opened = open_store(store)
         opened.require(writable=True)  # before anything is exported
         fresh = not list_bundles(opened, spec.name, spec.version)  # so it cannot be a cache hit
         prefect_start = None
         if fresh:
             Stop.note = lambda: _left_by(opened, spec.name, spec.version)
-            start_children()
+            start_children(exports=True)
             prefect_start = _start_prefect()
         try:
             if toolchain is None:
@@ -88,7 +88,7 @@ def build(
                 from prefect_executorch.flows.build import build_bundle
 
                 if prefect_start is None:
-                    start_children()
+                    start_children(exports=True)
                     prefect_start = _start_prefect()
                 with stage("start"):  # Prefect's API and the build's child processes; the probe alone is quick
                     api = prefect_start.result()
