@@ -253,7 +253,7 @@ def test_the_children_start_before_prefect_is_imported(tmp_path: Path) -> None:
     script = """
 import runpy, sys
 import prefect_executorch.isolation as isolation
-def warm_up(quiet=False):
+def warm_up(quiet=False, exports=False):
     print("prefect imported when the children started:", "prefect" in sys.modules)
     raise SystemExit(0)
 isolation.warm_up = warm_up
