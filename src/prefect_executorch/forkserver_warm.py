@@ -4,8 +4,8 @@ torch.export, TorchDynamo and ExecuTorch's lowering build much on first use (dec
 partitioner's patterns, lazy imports), and a forked child used to build it all again in every export. Children
 of a server that did it once start with it built. Measured on a 2-core machine (torch 2.13, ExecuTorch 1.5.1):
 an MLP's export child 9.9 s of CPU cold, 2.7 s warm; a one-layer Llama's 32.7 s, 22.0 s; the warm-up costs the
-server ~9 s once, while the caller starts Prefect. It writes nothing, asks nothing of CUDA and loads no ExecuTorch
-runtime; should it fail, the children only start cold (``WARMED`` says which).
+server ~9 s once, while the caller starts Prefect. It writes nothing and loads no ExecuTorch runtime; it does not run
+where a GPU is visible (see below), and should it fail, the children only start cold (``WARMED`` says which).
 """
 
 import logging
@@ -13,6 +13,13 @@ import warnings
 
 #: Whether the warm-up ran to its end in this process (children forked from it inherit the value).
 WARMED = False
+
+
+def _gpu_visible() -> bool:
+    """Whether torch sees a GPU, asked of NVML (``isolation.FORKSERVER_ENV``), which leaves forked children CUDA."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _warm_up() -> None:
@@ -43,8 +50,11 @@ def _warm_up() -> None:
         tqdm.monitor_interval = monitor_interval
 
 
+# Not where a GPU is visible: TorchDynamo and the lowering then save CUDA's RNG state, which initialises CUDA, and
+# no child forked after that could use the GPU ("Cannot re-initialize CUDA in forked subprocess"; seen on an H100).
 try:
-    _warm_up()
-    WARMED = True
+    if not _gpu_visible():
+        _warm_up()
+        WARMED = True
 except Exception as exc:  # noqa: BLE001 - a cold child is slower, never wrong
     logging.getLogger(__name__).debug("forkserver warm-up failed, children start cold: %s", exc)

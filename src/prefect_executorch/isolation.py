@@ -64,7 +64,8 @@ PRELOAD = [
 ]
 #: Preloaded last by a process that exports (a build: its probe or export child starts the server, or the CLI's
 #: build command): one tiny export, so that each export child starts warm (``forkserver_warm``: ~7 s of CPU saved
-#: a child, ~9 s spent once). A process that only runs programs (verify, generate) would not get it back.
+#: a child, ~9 s spent once). A process that only runs programs (verify, generate) would not get it back. Not
+#: where a GPU is visible: the warm-up's export would initialise CUDA in the server, leaving its children none.
 WARM_PRELOAD = "prefect_executorch.forkserver_warm"
 #: The children of a build, which start its forkserver warm.
 BUILD_COMMANDS = frozenset({"probe", "export"})
