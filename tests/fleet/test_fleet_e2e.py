@@ -150,6 +150,7 @@ def test_deployments_pools_and_schedule(fleet: Fleet) -> None:
         nightly = client.read_deployment_by_name("build-matrix/small-convnet-nightly")
         retrain = client.read_deployment_by_name(f"retrain/{MODEL}")
         promote = client.read_deployment_by_name("promote-bundle/manual")
+        staging = client.read_deployment_by_name("promote-bundle/staging")
         automations = client.read_automations_by_name(f"{MODEL}__automation_1")
     assert pool.type == "executorch"
     assert pool.base_job_template["variables"]["properties"]["cuda_channel"]["default"] == "cu132"
@@ -158,6 +159,8 @@ def test_deployments_pools_and_schedule(fleet: Fleet) -> None:
     assert retrain.parameters["store"] == fleet.store and retrain.global_concurrency_limit.limit == 1
     assert automations and automations[0].trigger.expect == {"model.retrain.requested"}
     assert not promote.schedules and promote.parameters == {"store": fleet.store}
+    # One latency gate for the staging aliases, whoever moves them (a retrain's bundles or a build's).
+    assert retrain.parameters["max_latency_regression"] == staging.parameters["max_latency_regression"] == 0.5
 
 
 def _listening(port: int) -> list[str]:

@@ -6,7 +6,15 @@ import time
 
 import pytest
 
-from prefect_executorch.validate.latency import AGREEING_WINDOWS, agree, measure_together, percentile
+from prefect_executorch.validate.latency import (
+    AGREEING_WINDOWS,
+    LatencyStats,
+    agree,
+    measure_together,
+    paired_ratio,
+    percentile,
+)
+from prefect_executorch.validate.sidebyside import MethodComparison, SideBySide
 
 
 def busy(seconds: float) -> None:
@@ -60,3 +68,39 @@ def test_two_calls_measured_together_are_timed_in_alternate_windows() -> None:
     # Each kept its own timings: the longer call's median stays the longer one. (A busy neighbour stretches the longer
     # spin the more: 8 ms against 1 ms seen with three processes on two cores, so no upper bound.)
     assert slow.p50_ms / fast.p50_ms >= 2.5
+
+
+def test_each_round_times_the_other_callable_first_in_turn() -> None:
+    called: list[str] = []
+    first, second = measure_together([lambda: called.append("a"), lambda: called.append("b")], min_runs=5, warmup=0,
+                                     max_seconds=0.5)
+    per_window = {"a": first.runs_per_window, "b": second.runs_per_window}
+    assert first.windows == second.windows >= 2
+    expected = ["a", "b"]  # each one's sizing call
+    for round_ in range(first.windows):
+        for name in ("ab" if round_ % 2 == 0 else "ba"):
+            expected += [name] * per_window[name]
+    assert called == expected
+
+
+def stats(p50_ms: float, window_medians_ms: list[float], stable: bool = True) -> LatencyStats:
+    return LatencyStats(p50_ms=p50_ms, p90_ms=p50_ms, p95_ms=p50_ms, p99_ms=p50_ms, runs=5 * len(window_medians_ms),
+                        windows=len(window_medians_ms), runs_per_window=5, stable=stable,
+                        window_medians_ms=window_medians_ms)
+
+
+def test_a_regression_pairs_the_windows_timed_together_and_only_those() -> None:
+    # The load rose in the last round: pooled p50s put the candidate 11% behind, each pair of windows agrees.
+    current = stats(0.278, [0.40, 0.27, 0.28, 0.30])
+    candidate = stats(0.308, [0.25, 0.27, 0.28, 0.30])
+    together = MethodComparison(method="forward", cases=1, disagreeing=0, current=current, candidate=candidate)
+    assert together.regression == pytest.approx(0.0)  # the last three windows, as both settled
+    assert SideBySide(methods=[together]).regressions(0.10) == []
+    unsettled = together.model_copy(update={"current": current.model_copy(update={"stable": False})})
+    assert unsettled.regression == pytest.approx(0.0)  # all four pairs: 0.625, 1, 1, 1
+    apart = together.model_copy(update={"interleaved": False})  # two children, one after the other: no pairs
+    assert apart.regression == pytest.approx(0.308 / 0.278 - 1)
+    assert SideBySide(methods=[apart]).regressions(0.10) == [
+        "forward: p50 0.308 ms vs 0.278 ms now (+11%, limit +10%; candidate p50 0.308 ms, p90 0.308 ms, p99 0.308 ms "
+        "over 20 runs in 4 windows, stable)"]
+    assert paired_ratio(stats(2.0, [2.2, 2.2, 2.0]), stats(1.0, [1.1, 1.0, 1.0])) == pytest.approx(2.0)  # 2, 2.2, 2

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prefect_executorch.artifacts.aliases import AliasRecord
 from prefect_executorch.artifacts.promotion import PromotionRequest
+from prefect_executorch.defaults import MAX_LATENCY_REGRESSION
 from prefect_executorch.fleet.placement import MatrixCell
 from prefect_executorch.fleet.retrain_event import parse_request, promotion_aliases
 from prefect_executorch.fleet.server import api_checked_flow
@@ -31,6 +32,7 @@ def retrain(
     training_run: str | None = None,
     on_missing_pool: MissingPoolPolicy = "wait",
     queue_wait_s: float = QUEUE_WAIT_S,
+    max_latency_regression: float = MAX_LATENCY_REGRESSION,
 ) -> list[AliasRecord]:
     """Fetch ``weights_uri``, build ``spec`` with it for every target, then move ``alias`` to the new bundles.
 
@@ -40,7 +42,8 @@ def retrain(
     Nothing is promoted unless every build validated and published; each bundle moves
     ``<alias>-<compat>`` (an alias points at one bundle). ``on_missing_pool`` and
     ``queue_wait_s`` go to the matrix: with ``skip``, the cells no live worker can take are left out
-    (recorded with the reason) and the bundles built are promoted.
+    (recorded with the reason) and the bundles built are promoted. ``max_latency_regression`` gates each move as
+    ``promote``'s does (new weights change the outputs by design: only latency is gated).
     """
     request = parse_request({"name": name, "weights_uri": weights_uri, "version": version, "weights_sha256": weights_sha256,
                              "training_run": training_run})
@@ -54,8 +57,8 @@ def retrain(
                             weights_sha256=fetched.sha256, output=output, training_run=request.training_run,
                             on_missing_pool=on_missing_pool, queue_wait_s=queue_wait_s)
     return [
-        # New weights change the outputs by design: the side-by-side gates latency only.
         promote_alias(store, PromotionRequest(name=key.name, version=key.version, alias=name_of_alias, target=key.target,
-                                              compat=key.compat, allow_output_change=True, validation=spec.validation))
+                                              compat=key.compat, allow_output_change=True, validation=spec.validation,
+                                              max_latency_regression=max_latency_regression))
         for name_of_alias, key in promotion_aliases(alias, [ref.key for ref in refs])
     ]

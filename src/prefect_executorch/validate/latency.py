@@ -65,6 +65,15 @@ def agree(medians: list[float], windows: int = AGREEING_WINDOWS, tolerance: floa
     return low > 0 and max(last) / low - 1 <= tolerance
 
 
+def paired_ratio(numerator: LatencyStats, denominator: LatencyStats) -> float:
+    """``numerator`` over ``denominator`` as the median of their window medians' ratios, window by window, for two
+    callables timed together (``measure_together``): a burst of load falls on both windows of a pair, where pooled
+    p50s let it fall on one side. The agreeing windows where both settled, else all."""
+    kept = AGREEING_WINDOWS if numerator.stable and denominator.stable else len(numerator.window_medians_ms)
+    pairs = zip(numerator.window_medians_ms[-kept:], denominator.window_medians_ms[-kept:], strict=True)
+    return statistics.median(top / bottom for top, bottom in pairs if bottom > 0)
+
+
 class _Timer:
     """The windows of one callable."""
 
@@ -105,9 +114,13 @@ def measure_together(
     """Time every callable in interleaved windows until each one's last windows agree, or ``max_seconds`` pass."""
     timers = [_Timer(call, min_runs, warmup) for call in calls]
     deadline = time.monotonic() + max_seconds
+    rounds = 0
     while True:
-        for timer in timers:
+        # Every other round in reverse: a callable always timed right after another would carry its wake (caches,
+        # frequency) into the comparison.
+        for timer in timers if rounds % 2 == 0 else reversed(timers):
             timer.window()
+        rounds += 1
         settled = [agree(timer.medians()) for timer in timers]
         if all(settled) or time.monotonic() >= deadline:
             return [timer.stats(stable) for timer, stable in zip(timers, settled, strict=False)]

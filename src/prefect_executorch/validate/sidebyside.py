@@ -23,7 +23,7 @@ from prefect_executorch.spec.methods import MethodSpec
 from prefect_executorch.spec.validation import ValidationSpec
 from prefect_executorch.targets import get_target, needs_cuda
 from prefect_executorch.validate.compare import compare_outputs
-from prefect_executorch.validate.latency import LatencyStats, measure_together
+from prefect_executorch.validate.latency import LatencyStats, measure_together, paired_ratio
 from prefect_executorch.validate.validator import synchronized
 
 
@@ -70,12 +70,17 @@ class MethodComparison(BaseModel):
     shape_label: str | None = Field(default=None, description="The shape the latency was measured at.")
     current: LatencyStats | None = None
     candidate: LatencyStats | None = None
+    interleaved: bool = Field(True, description="Whether both were timed in one process, their windows interleaved "
+                              "(else in two children, one after the other).")
 
     @property
     def regression(self) -> float | None:
-        """Candidate p50 / current p50 - 1 (0.25: 25% slower); None if not timed."""
+        """How much slower the candidate is (0.25: 25%): its windows' medians over the current one's, window by window,
+        where they were interleaved, else p50 over p50; None if not timed."""
         if self.current is None or self.candidate is None or self.current.p50_ms <= 0:
             return None
+        if self.interleaved:
+            return paired_ratio(self.candidate, self.current) - 1
         return self.candidate.p50_ms / self.current.p50_ms - 1
 
 
@@ -89,7 +94,7 @@ class ComparisonRow(BaseModel):
     candidate_p50_ms: float | None
     current_p99_ms: float | None
     candidate_p99_ms: float | None
-    regression: float | None = Field(description="Candidate p50 / current p50 - 1.")
+    regression: float | None = Field(description="How much slower the candidate is (MethodComparison.regression).")
     stable: bool = Field(description="Whether both latency figures settled before the time cap.")
     worst: str
 
@@ -308,4 +313,5 @@ def _speech_side_by_side(req: SideBySideRequest) -> MethodComparison:
 def merge_apart(current: SideBySide, candidate: SideBySide) -> SideBySide:
     """One comparison of two children's runs: the current program's timing from the first, the rest from the second."""
     timed = {m.method: m.current for m in current.methods}
-    return SideBySide(methods=[m.model_copy(update={"current": timed.get(m.method)}) for m in candidate.methods])
+    return SideBySide(methods=[m.model_copy(update={"current": timed.get(m.method), "interleaved": False})
+                               for m in candidate.methods])
