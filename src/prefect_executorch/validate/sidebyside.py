@@ -79,7 +79,8 @@ class MethodComparison(BaseModel):
         where they were interleaved, else p50 over p50; None if not timed."""
         if self.current is None or self.candidate is None or self.current.p50_ms <= 0:
             return None
-        if self.interleaved:
+        # A record written before window medians were kept has none to pair.
+        if self.interleaved and len(self.candidate.window_medians_ms) == len(self.current.window_medians_ms) > 0:
             return paired_ratio(self.candidate, self.current) - 1
         return self.candidate.p50_ms / self.current.p50_ms - 1
 
