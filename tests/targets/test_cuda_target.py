@@ -139,6 +139,39 @@ def test_toolchain_refusals(h200: Toolchain, update: dict[str, Any], words: str)
     assert words in str(info.value)
 
 
+BAD_FORK = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must use the "
+            "'spawn' start method")
+
+
+@pytest.mark.parametrize("error, words", [
+    (BAD_FORK, "had initialised CUDA before forking, a prefect-executorch defect: report it with the --debug output, "
+               "and meanwhile set PREFECT_EXECUTORCH_CHILD_START=spawn"),
+    ("CUDA error: out of memory", "a memory limit on the probe (address space) or the driver"),
+])
+def test_a_gpu_that_cuda_did_not_start_is_refused_for_that_not_as_absent(
+    h200: Toolchain, monkeypatch: pytest.MonkeyPatch, error: str, words: str,
+) -> None:
+    """NVML sees the GPU, CUDA does not start in the probe: the probe keeps why, and the refusal says it (a child
+    forked from a process that had initialised CUDA once read "no NVIDIA GPU is visible ... run on a GPU worker")."""
+    from prefect_executorch.machine.hostprobe import gather
+
+    def fail(index: int) -> None:
+        raise RuntimeError(error)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", fail)
+    facts = gather()
+    assert (facts["cuda_available"], facts["gpus"], facts["cuda_error"]) == (False, [], error)
+    with pytest.raises(ToolchainMismatch) as info:
+        TARGET.check(cuda_spec(), h200.model_copy(update={key: facts[key] for key in ("cuda_available", "gpus",
+                                                                                        "cuda_error")}))
+    message = str(info.value)
+    assert f"an NVIDIA GPU is visible (NVML) but CUDA did not start in this worker's probe: {error}; " in message
+    assert words in message
+    assert "no NVIDIA GPU is visible" not in message
+
+
 @pytest.mark.parametrize("scheme", ["int8-dynamic", "int8da4w", "int8"])
 def test_quantized_builds_are_refused_with_the_precision_to_use(h200: Toolchain, scheme: str) -> None:
     spec = parse_spec({"name": "m", "version": "1", "model": f"{MODELS}:mlp", "target": "cuda",

@@ -197,6 +197,7 @@ def gather() -> dict[str, Any]:
     import torch
 
     gpus = []
+    cuda_error = None
     cuda_available = torch.cuda.is_available()
     if cuda_available:
         try:
@@ -204,10 +205,11 @@ def gather() -> dict[str, Any]:
                 props = torch.cuda.get_device_properties(index)
                 gpus.append({"index": index, "name": props.name, "sm": f"sm{props.major}{props.minor}",
                              "total_memory_mib": props.total_memory // 2**20})
-        except RuntimeError:
-            # NVML's check (our forkserver's children use it) sees a GPU that the CUDA runtime cannot start,
-            # e.g. under an address-space limit: CUDA is not available to this process.
-            cuda_available, gpus = False, []
+        except RuntimeError as exc:
+            # NVML's check (our forkserver's children use it) sees a GPU that the CUDA runtime cannot start
+            # (an address-space limit; a parent that initialised CUDA before it forked): not available here,
+            # and why is kept, so that the refusal does not send the operator looking for a GPU that is there.
+            cuda_available, gpus, cuda_error = False, [], str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     nvcc = find_nvcc()
     torch_tensorrt = dist_version("torch-tensorrt") or dist_version("torch_tensorrt")
     executorch = dist_version("executorch")
@@ -231,6 +233,7 @@ def gather() -> dict[str, Any]:
         "tensorrt_executorch_runtime": dist_version("torch-tensorrt-executorch-runtime"),
         "modelopt": dist_version("nvidia-modelopt"),
         "cuda_available": cuda_available,
+        "cuda_error": cuda_error,
         "cuda_version": torch.version.cuda,
         "cuda_channel": local_cuda_channel(),
         "gpus": gpus,

@@ -65,6 +65,8 @@ class Toolchain(BaseModel):
     tensorrt_executorch_runtime: str | None = None
     modelopt: str | None = Field(None, description="nvidia-modelopt version (the TensorRT int8/fp8 schemes need it).")
     cuda_available: bool = False
+    cuda_error: str | None = Field(None, description="Why CUDA did not start where NVML sees a GPU (None: it started, "
+                                   "or no GPU is visible).")
     cuda_version: str | None = Field(None, description="CUDA version torch was built with (torch.version.cuda).")
     cuda_channel: str | None = Field(None, description="'cu130', 'cu132'... or None for a CPU build.")
     gpus: list[GpuInfo] = Field(default_factory=list)

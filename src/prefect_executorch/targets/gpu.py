@@ -8,7 +8,7 @@ import importlib
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from prefect_executorch.errors import SpecError, ToolchainMismatch
-from prefect_executorch.isolation import MemoryLimit
+from prefect_executorch.isolation import START_METHOD_ENV, MemoryLimit
 from prefect_executorch.machine.toolchain import channel_cuda_major
 from prefect_executorch.machine.versions import minor_version
 from prefect_executorch.targets.base import Device, Target
@@ -76,9 +76,22 @@ def platform_problems(toolchain: Toolchain, install: str, target: str) -> list[s
             f"torch {toolchain.torch} is a CUDA {toolchain.cuda_version} build ({toolchain.cuda_channel}); CUDA 12 "
             f"is not supported (the delegate runtimes link CUDA 13); install a CUDA 13 channel with: {install}"
         )
-    if not toolchain.cuda_available or not toolchain.gpus:
+    if toolchain.cuda_error is not None:
+        problems.append(cuda_start_problem(toolchain.cuda_error))
+    elif not toolchain.cuda_available or not toolchain.gpus:
         problems.append("no NVIDIA GPU is visible to torch (torch.cuda.is_available() is False); run on a GPU worker")
     return problems
+
+
+def cuda_start_problem(error: str) -> str:
+    """The refusal where NVML sees a GPU that CUDA did not start in the probe's process (``Toolchain.cuda_error``)."""
+    said = f"an NVIDIA GPU is visible (NVML) but CUDA did not start in this worker's probe: {error}"
+    if "forked subprocess" in error:
+        # The process that forked the probe had initialised CUDA: our defect, not the worker's (the forkserver
+        # must not; forkserver_warm says why), and the way round it is the spawn start method.
+        return (f"{said}; the process that started it had initialised CUDA before forking, a prefect-executorch "
+                f"defect: report it with the --debug output, and meanwhile set {START_METHOD_ENV}=spawn")
+    return f"{said}; a memory limit on the probe (address space) or the driver (`nvidia-smi` says which)"
 
 
 def cuda_backend_problems(toolchain: Toolchain, field: str, alternative: str) -> list[str]:
