@@ -69,6 +69,17 @@ def test_a_cached_answer_is_returned_without_a_probe(cache_home: Path, monkeypat
         probe_cached()
 
 
+def test_a_probe_whose_gpu_cuda_did_not_start_is_not_kept(cache_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect_executorch.machine.toolchain import probe
+
+    here = probe()
+    failed = here.model_copy(update={"cuda_available": False, "gpus": [], "cuda_error": "Cannot re-initialize CUDA"})
+    answers = iter([failed, here])
+    monkeypatch.setattr(probecache, "probe_isolated", lambda timeout_s: next(answers))  # the child's answers
+    assert probe_cached() == failed and cached_toolchain() is None  # asked again next time
+    assert probe_cached() == here and cached_toolchain() == here
+
+
 def test_a_write_retires_month_old_entries_and_a_failed_one_leaves_no_file(cache_home: Path) -> None:
     toolchain = Toolchain.model_validate_json((Path(__file__).parents[1] / "fixtures" / "probe_h200.json").read_text())
     folder = cache_home / probecache.CACHE_SUBDIR

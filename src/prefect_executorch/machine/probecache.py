@@ -181,5 +181,8 @@ def probe_cached(timeout_s: float = 300) -> Toolchain:
     if toolchain is None:
         toolchain = probe_isolated(timeout_s=timeout_s)
         # The key is taken before the probe: an install during the probe leaves an entry no one asks for.
-        store_toolchain(toolchain, key)
+        # A GPU that CUDA did not start is the probing process's state (a bad fork, a memory limit), not the
+        # machine's: kept, it would refuse every later build until the key changed.
+        if toolchain.cuda_error is None:
+            store_toolchain(toolchain, key)
     return toolchain
