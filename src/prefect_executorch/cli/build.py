@@ -63,6 +63,8 @@ def build(
             toolchain = cached_toolchain()
         if toolchain is None:
             start_children(exports=True)  # the probe runs in one; before an S3 store's settings import Prefect
+        else:
+            _check_here(spec, toolchain)  # a build this worker refuses starts neither (~20 s of CPU, 0.1 s to check)
         opened = open_store(store)
         opened.require(writable=True)  # before anything is exported
         fresh = not list_bundles(opened, spec.name, spec.version)  # so it cannot be a cache hit
@@ -75,6 +77,7 @@ def build(
             if toolchain is None:
                 with stage("probe"):
                     toolchain = probe_cached()
+                _check_here(spec, toolchain)
             ref = _published_build(spec, opened, toolchain)
             if ref is not None and sign_unsigned(opened, ref):  # an unchanged rebuild with a key signs what is unsigned
                 err_console.print(f"signed {ref.key.prefix}: it was published unsigned; its model.sig is stored now",
@@ -123,14 +126,20 @@ def _start_prefect() -> ApiStart:
     return ApiStart()
 
 
+def _check_here(spec: Any, toolchain: Any) -> None:
+    """Refuse what this worker cannot build (``check_build``); print the target's warnings."""
+    from prefect_executorch.targets import check_build
+
+    for warning in check_build(spec, toolchain):
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}")
+
+
 def _published_build(spec: Any, store: Any, toolchain: Any) -> Any:
     """An unchanged rebuild's published bundle, found without starting Prefect; a changed one is refused here."""
     from prefect_executorch.artifacts.rebuild import check_rebuild
-    from prefect_executorch.targets import check_build, get_target
+    from prefect_executorch.targets import get_target
 
     target = get_target(spec.target_name)
-    for warning in check_build(spec, toolchain):
-        err_console.print(f"[yellow]warning:[/] {escape(warning)}")
     return check_rebuild(spec, toolchain, target.compat(spec, toolchain), store).ref
 
 
