@@ -101,8 +101,12 @@ def test_a_regression_pairs_the_windows_timed_together_and_only_those() -> None:
     apart = together.model_copy(update={"interleaved": False})  # two children, one after the other: no pairs
     assert apart.regression == pytest.approx(0.308 / 0.278 - 1)
     assert SideBySide(methods=[apart]).regressions(0.10) == [
-        "forward: p50 0.308 ms vs 0.278 ms now (+11%, limit +10%; candidate p50 0.308 ms, p90 0.308 ms, p99 0.308 ms "
-        "over 20 runs in 4 windows, stable)"]
+        "forward: +11% slower p50 over p50, limit +10% (p50 0.308 ms vs 0.278 ms now; candidate p50 0.308 ms, "
+        "p90 0.308 ms, p99 0.308 ms over 20 runs in 4 windows, stable)"]
+    # Paired windows that say slower are named as such beside the pooled p50s, which can say otherwise.
+    slower = together.model_copy(update={"candidate": stats(0.278, [0.50, 0.324, 0.336, 0.36])})
+    (line,) = SideBySide(methods=[slower]).regressions(0.10)
+    assert line.startswith("forward: +20% slower window by window, limit +10% (p50 0.278 ms vs 0.278 ms now; ")
     unrecorded = together.model_copy(update={"current": stats(0.278, []), "candidate": stats(0.308, [])})
     assert unrecorded.regression == pytest.approx(0.308 / 0.278 - 1)  # an old record: no windows to pair
     assert paired_ratio(stats(2.0, [2.2, 2.2, 2.0]), stats(1.0, [1.1, 1.0, 1.0])) == pytest.approx(2.0)  # 2, 2.2, 2

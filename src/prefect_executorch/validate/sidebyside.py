@@ -74,13 +74,19 @@ class MethodComparison(BaseModel):
                               "(else in two children, one after the other).")
 
     @property
+    def paired(self) -> bool:
+        """Whether ``regression`` pairs the two programs' windows (timed interleaved in one process)."""
+        # A record written before window medians were kept has none to pair.
+        return bool(self.interleaved and self.current and self.candidate
+                    and len(self.candidate.window_medians_ms) == len(self.current.window_medians_ms) > 0)
+
+    @property
     def regression(self) -> float | None:
         """How much slower the candidate is (0.25: 25%): its windows' medians over the current one's, window by window,
         where they were interleaved, else p50 over p50; None if not timed."""
         if self.current is None or self.candidate is None or self.current.p50_ms <= 0:
             return None
-        # A record written before window medians were kept has none to pair.
-        if self.interleaved and len(self.candidate.window_medians_ms) == len(self.current.window_medians_ms) > 0:
+        if self.paired:
             return paired_ratio(self.candidate, self.current) - 1
         return self.candidate.p50_ms / self.current.p50_ms - 1
 
@@ -111,13 +117,16 @@ class SideBySide(BaseModel):
                 if m.disagreeing]
 
     def regressions(self, limit: float) -> list[str]:
-        """One line per method whose candidate p50 is more than ``limit`` slower than the current one."""
+        """One line per method whose candidate is more than ``limit`` slower than the current one, saying how that
+        was judged: paired windows can differ from the pooled p50s printed beside them."""
         lines = []
         for m in self.methods:
             regression = m.regression
             if regression is not None and regression > limit and m.current and m.candidate:
-                lines.append(f"{m.method}: p50 {m.candidate.p50_ms:.3g} ms vs {m.current.p50_ms:.3g} ms now "
-                             f"(+{regression:.0%}, limit +{limit:.0%}; candidate {m.candidate.describe()})")
+                judged = "window by window" if m.paired else "p50 over p50"
+                lines.append(f"{m.method}: +{regression:.0%} slower {judged}, limit +{limit:.0%} (p50 "
+                             f"{m.candidate.p50_ms:.3g} ms vs {m.current.p50_ms:.3g} ms now; candidate "
+                             f"{m.candidate.describe()})")
         return lines
 
     def rows(self) -> list[ComparisonRow]:
