@@ -78,7 +78,8 @@ def test_an_empty_alias_needs_no_comparison(builds: Builds) -> None:
 def test_a_slower_candidate_cannot_take_the_alias_without_force_and_the_force_is_on_record(builds: Builds) -> None:
     store = builds.store
     move(store, "1", "prod")
-    with pytest.raises(PromotionRefused, match=r"latency regression over prod: forward: p50 .* \(\+\d+%, limit \+10%"):
+    with pytest.raises(PromotionRefused, match=r"latency regression over prod: forward: \+\d+% slower window by window, "
+                                               r"limit \+10% \(p50 "):
         move(store, "2", "prod")
     found = read_alias(store, "mlp", "prod")
     assert found is not None and found[0].version == "1"  # refused: nothing moved
