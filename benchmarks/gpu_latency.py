@@ -4,9 +4,9 @@ Three models (the demo ConvNet, a LayerNorm/GELU MLP, a tiny BERT from a config:
 are built with target ``cuda`` through the product (export and validation in their children, the
 backend's default autotuning), then loaded into this process with the runtime that has CudaBackend and
 timed at batch 1 and at the largest batch against the same model in eager CUDA and compiled with
-``torch.compile``, TF32 off on every side (as validation compares them). The sides are timed in
-interleaved rounds (``--rounds``, each ``--calls`` warm calls), every call synchronised; a side's p50 is the
-median of its rounds' p50s (min and max beside it), p95 likewise.
+``torch.compile``, TF32 off on every side (as validation compares them; ``--precision tf32`` below). The
+sides are timed in interleaved rounds (``--rounds``, each ``--calls`` warm calls), every call synchronised; a
+side's p50 is the median of its rounds' p50s (min and max beside it), p95 likewise.
 
 The program runs through ExecuTorch's Python runtime, whose boundary is the host: inputs go in as CPU
 tensors, the backend copies them to the GPU and the outputs back. So "eager CUDA" (inputs and outputs on
@@ -30,7 +30,9 @@ captured the method and that replayed outputs equal direct ones), beside eager c
 ``mode="reduce-overhead"`` (torch.compile's CUDA graphs).
 
 ``--precision bf16`` (or fp16) builds with ``target.precision`` set; eager and ``torch.compile`` then compute
-in that type behind float32 inputs and outputs as the program does (the target's own wrapper).
+in that type behind float32 inputs and outputs as the program does (the target's own wrapper). ``--precision tf32``
+builds with TF32 matmuls and convolutions; eager and ``torch.compile`` then run with TF32 on too
+(``torch.set_float32_matmul_precision("high")``, cuDNN's ``allow_tf32``): what a user who accepts TF32 runs instead.
 
 The last line is ``RESULT gpu_latency ratio=<worst program p50 / baseline p50 at batch 1> goal=<=1.0``, the
 baseline being the faster of eager CUDA and ``torch.compile`` (default mode): what a user would otherwise deploy.
@@ -281,7 +283,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--profile-calls", type=int, default=50, help="program calls profiled per pool setting (0: none)")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16", "fp16"])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, LARGEST], help="batch sizes timed (1 is judged)")
     parser.add_argument("--static", action="store_true", help="one program per batch, exported at that batch")
@@ -301,6 +303,10 @@ def main() -> int:
 
     toolchain = probe()  # activates the runtime with CudaBackend in this process, before anything loads another
     get_target("cuda").runtime_setup()  # TF32 off for eager and torch.compile, as validation compares
+    if args.precision == "tf32":
+        # The baseline computes as the program does (validation still compares with TF32 off, in its child).
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
     inductor = dict(args.inductor)
     figures: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(0), "driver": toolchain.driver_version, "torch": torch.__version__,
@@ -308,6 +314,7 @@ def main() -> int:
         "runtime_backends": toolchain.runtime_backends, "rounds": args.rounds, "calls_per_round": args.calls,
         "precision": args.precision, "shapes": "static" if args.static else f"dynamic batch 1..{LARGEST}",
         "inductor": inductor, "cuda_graphs": args.cuda_graphs,
+        "eager_matmul_precision": torch.get_float32_matmul_precision(), "eager_cudnn_tf32": torch.backends.cudnn.allow_tf32,
     }
     ratios = {}
     with tempfile.TemporaryDirectory(prefix="gpu-latency-") as scratch:

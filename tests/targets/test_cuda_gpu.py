@@ -147,6 +147,18 @@ def test_fp16_passes_its_tolerances_and_fails_tighter_ones_naming_the_output(
         require_passed(failed)
 
 
+def test_tf32_runs_the_matmuls_on_tensor_cores_within_its_tolerances(build: Callable[[BuildSpec], Built]) -> None:
+    # 32 rows of width 1024: GEMMs Inductor takes TF32 for (at least 16 rows, both other sizes at least 512).
+    methods = {"forward": {"inputs": [{"name": "x", "shape": [32, 1024]}]}}
+    _, _, exact = build(spec_of("wide_1024", methods))
+    _, _, tf32 = build(spec_of("wide_1024", methods, precision="tf32"))
+    require_passed(exact)
+    require_passed(tf32)
+    assert _max_error(exact) < 1e-5
+    assert _max_error(tf32) > 10 * _max_error(exact), (_max_error(tf32), _max_error(exact))  # inputs rounded: TF32 ran
+    assert all(out.atol == pytest.approx(5e-3) for case in tf32.cases for out in case.outputs)  # TF32's tolerances
+
+
 def _fatbin_images(pte: Path, tmp_path: Path) -> list[Path]:
     """The CUDA fat binaries AOTInductor embedded in the program's kernel library, each as a file for cuobjdump."""
     data = pte.read_bytes()

@@ -28,10 +28,18 @@ from prefect_executorch.spec.kinds import token_per_call
 from prefect_executorch.spec.methods import InputSpec, MethodSpec
 from prefect_executorch.spec.options import CudaOptions
 from prefect_executorch.targets import check_build, get_target
-from prefect_executorch.targets.cuda import attention_dtypes, compile_specs, for_precision, in_precision, triton_choice
+from prefect_executorch.targets.cuda import (
+    attention_dtypes,
+    compile_specs,
+    for_precision,
+    in_precision,
+    tf32_kernels,
+    triton_choice,
+)
+from prefect_executorch.validate.compare import compare_tensor, limits_for
 
 from helpers import MODELS
-from models import mlp, tiny_bert
+from models import mlp, tiny_bert, wide_1024
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 TARGET = get_target("cuda")
@@ -243,6 +251,45 @@ def test_a_transformers_bert_exports_behind_its_dynamic_sequence_in_each_precisi
     module, shapes = for_precision(tiny_bert(), dynamic_shapes(method), precision)
     program = torch.export.export(module, example_inputs(method, seed=0), dynamic_shapes=shapes)
     assert attention_dtypes(program) == attention
+
+
+def _tf32(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` rounded to TF32's 10 mantissa bits, to nearest (ties away), as a tensor core reads float32."""
+    bits = tensor.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def test_tf32_keeps_float32_and_is_held_to_tolerances_a_tf32_matmul_meets_and_float32_s_do_not() -> None:
+    spec = cuda_spec("wide_1024", [32, 1024], precision="tf32")
+    model = wide_1024().eval()
+    assert for_precision(model, None, "tf32")[0] is model  # no cast: the model stays in float32
+    assert TARGET.compute_dtype(spec) == "tfloat32"
+    x = torch.rand(32, 1024) * 2 - 1  # validation's default draw
+    with torch.no_grad():
+        expected = model(x)
+        hidden = torch.relu(_tf32(x) @ _tf32(model.fc1.weight).T + model.fc1.bias)
+        in_tf32 = _tf32(hidden) @ _tf32(model.fc2.weight).T + model.fc2.bias
+    assert _tf32(torch.tensor([1 + 2**-11])) == 1 + 2**-10  # ten bits kept, rounded to nearest
+    tf32 = compare_tensor("[0]", in_tf32, expected, limits_for(spec.validation, "forward", "[0]", "float32", "tfloat32"))
+    fp32 = compare_tensor("[0]", in_tf32, expected, limits_for(spec.validation, "forward", "[0]", "float32"))
+    assert tf32.passed and not fp32.passed, (tf32, fp32)
+    assert tf32.tolerance_source == "default for float32 computed in tfloat32"
+
+
+def test_tf32_kernels_set_what_inductor_reads_and_restore_it() -> None:
+    # Inductor's GEMM and convolution templates read these (not the legacy allow_tf32 flags) for ALLOW_TF32.
+    for module, read in (("torch._inductor.template_heuristics.triton", 'torch.backends.cuda.matmul.fp32_precision == "tf32"'),
+                         ("torch._inductor.kernel.conv", 'torch.backends.cudnn.fp32_precision == "tf32"')):
+        found = importlib.util.find_spec(module)
+        assert found is not None and found.origin is not None and read in Path(found.origin).read_text(), module
+    settings = (torch.backends.cuda.matmul, torch.backends.cudnn, torch.backends.cudnn.conv)
+    before = [setting.fp32_precision for setting in settings]
+    with tf32_kernels(False):
+        assert [setting.fp32_precision for setting in settings] == before
+    with pytest.raises(ExportFailed), tf32_kernels(True):
+        assert [setting.fp32_precision for setting in settings] == ["tf32"] * 3
+        raise ExportFailed("the compile failed")
+    assert [setting.fp32_precision for setting in settings] == before
 
 
 def test_a_model_without_attention_keeps_the_triton_kernels() -> None:

@@ -118,9 +118,11 @@ class CudaOptions(TargetOptions):
     """NVIDIA GPU target: ExecuTorch's CUDA backend (AOTInductor with Triton kernels); model.pte + aoti_cuda_blob.ptd."""
 
     kind: Literal["cuda"] = "cuda"
-    precision: Literal["fp32", "fp16", "bf16"] = Field(
+    precision: Literal["fp32", "tf32", "fp16", "bf16"] = Field(
         "fp32", description="fp16/bf16 compute the model in that type behind the spec's input and output dtypes; "
-        "fp32 is compared with an eager reference without TF32.")
+        "tf32 keeps float32 tensors and compiles matmuls and convolutions for TF32 tensor cores (what "
+        "torch.set_float32_matmul_precision('high') does in eager); every precision is compared with an eager "
+        "reference without TF32, at that precision's tolerance.")
     triton_kernels: Literal["auto", "on", "off"] = Field(
         "auto", description="ExecuTorch's own Triton kernels for attention and top-k. Its attention kernel takes "
         "bfloat16 only, so 'auto' turns them off for a method whose attention runs in another type.")

@@ -65,7 +65,7 @@ _CPU_TARGETS = (
     "ExecuTorch CPU kernel; on a CPU target use int8-dynamic, int8da4w or int8-static"
 )
 _CUDA = (
-    "the cuda target builds float programs (target.precision: fp32, fp16 or bf16); torchao/PT2E schemes produce "
+    "the cuda target builds float programs (target.precision: fp32, tf32, fp16 or bf16); torchao/PT2E schemes produce "
     "XNNPACK programs and int8/fp8 are TensorRT's: use target.precision: bf16, target xnnpack, or target tensorrt"
 )
 #: Why a target refuses a scheme; a (target, scheme) pair not listed is supported.

@@ -19,8 +19,10 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float32": (1e-4, 1e-4),
     "float16": (5e-3, 5e-3),
     "bfloat16": (1.6e-2, 1.6e-2),
+    # float32 whose matmuls round their inputs to TF32 (target.precision: tf32): float16's 10 mantissa bits.
+    "tfloat32": (5e-3, 5e-3),
 }
-DEFAULT_MIN_COSINE: dict[str, float] = {"float32": 0.999, "float16": 0.99, "bfloat16": 0.99}
+DEFAULT_MIN_COSINE: dict[str, float] = {"float32": 0.999, "float16": 0.99, "bfloat16": 0.99, "tfloat32": 0.999}
 
 
 class Tolerance(StrictModel):

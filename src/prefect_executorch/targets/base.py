@@ -110,7 +110,8 @@ class Target(ABC):
         return "cpu"
 
     def compute_dtype(self, spec: BuildSpec) -> str | None:
-        """A lower precision the program computes in than its inputs say (validation tolerances follow it)."""
+        """A lower precision the program computes in than its inputs say (validation tolerances follow it): a float
+        dtype's name, or ``tfloat32`` for float32 tensors whose matmuls run in TF32."""
         return None
 
     def runtime_hints(self, spec: BuildSpec, toolchain: Toolchain | None = None) -> dict[str, Any]:

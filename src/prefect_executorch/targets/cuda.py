@@ -7,7 +7,8 @@ backend's source without a GPU; only ``lower`` and ``runtime_setup`` import the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -188,6 +189,32 @@ def in_precision(inner: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return InPrecision()
 
 
+@contextmanager
+def tf32_kernels(on: bool) -> Iterator[None]:
+    """While ``on`` (``precision: tf32``), Inductor compiles float32 matmuls and convolutions for TF32 tensor cores.
+
+    Inductor reads torch's ``fp32_precision`` settings, not the legacy ``allow_tf32`` flags, when it sets its
+    templates' ``ALLOW_TF32``; it takes TF32 only for GEMMs of at least 16 rows whose other two sizes are at least 512.
+    The settings are the process's: restored after the compile.
+    """
+    if not on:
+        yield
+        return
+    import torch
+
+    # torch's stubs know neither cuDNN's per-operator settings nor their fp32_precision.
+    conv = getattr(torch.backends.cudnn, "conv")  # noqa: B009
+    settings: tuple[Any, ...] = (torch.backends.cuda.matmul, torch.backends.cudnn, conv)
+    saved = [setting.fp32_precision for setting in settings]
+    try:
+        for setting in settings:
+            setting.fp32_precision = "tf32"
+        yield
+    finally:
+        for setting, value in zip(settings, saved, strict=True):
+            setting.fp32_precision = value
+
+
 def for_precision(module: torch.nn.Module, dynamic_shapes: Any, precision: str) -> tuple[torch.nn.Module, Any]:
     """The module to export for ``precision``, and the dynamic shapes that fit its ``forward``."""
     import torch
@@ -259,7 +286,7 @@ class CudaTarget(GpuTarget):
         import torch
 
         # The whole model in the program's type, its static KV cache included (made in the model's dtype).
-        dtype = self.compute_dtype(spec)
+        dtype = LOW_PRECISION.get(_options(spec).precision)
         return model.to(device="cuda", dtype=getattr(torch, dtype) if dtype else torch.float32)
 
     def lower(self, programs: dict[str, ExportedProgram], spec: BuildSpec, out_dir: Path,
@@ -284,7 +311,7 @@ class CudaTarget(GpuTarget):
         # As the backend's own exports do: its partitioner keeps every ATen op for Inductor (no IR check),
         # delegate blobs go to segments, and inputs stay unplanned (the backend copies them to the device).
         # The spec's Inductor settings hold for the whole compile; the backend's own options still win over them.
-        with inductor_config.patch(options.inductor):
+        with inductor_config.patch(options.inductor), tf32_kernels(options.precision == "tf32"):
             edge = to_edge_transform_and_lower(
                 {name: splits_as_slices(program) for name, program in programs.items()}, partitioner=partitioners,
                 compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),

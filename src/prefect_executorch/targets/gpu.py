@@ -29,6 +29,9 @@ GPU_MEMORY_DEFAULTS_MIB: dict[str, int | None] = {"export": None, "validate": 32
 
 #: The spec's lower precisions (``target.precision``) and the torch dtype a GPU program computes in.
 LOW_PRECISION = {"fp16": "float16", "bf16": "bfloat16"}
+#: What ``precision: tf32`` computes in: float32 tensors whose matmuls and convolutions round their inputs to TF32
+#: (validation's tolerances for it).
+TF32 = "tfloat32"
 
 
 class GpuTarget(Target):
@@ -38,7 +41,7 @@ class GpuTarget(Target):
     device: ClassVar[Device] = "cuda"
 
     def precision(self, spec: BuildSpec) -> str:
-        """The spec's ``target.precision`` (``fp32``, ``fp16``, ``bf16``)."""
+        """The spec's ``target.precision`` (``fp32``, ``tf32``, ``fp16``, ``bf16``)."""
         if not isinstance(spec.target, self.options):
             raise SpecError(f"target: expected kind {self.name!r}, got {spec.target.kind!r}")
         return str(getattr(spec.target, "precision"))  # noqa: B009 - every GPU target's options have it
@@ -47,7 +50,8 @@ class GpuTarget(Target):
         return "cuda"
 
     def compute_dtype(self, spec: BuildSpec) -> str | None:
-        return LOW_PRECISION.get(self.precision(spec))
+        precision = self.precision(spec)
+        return TF32 if precision == "tf32" else LOW_PRECISION.get(precision)
 
     def memory_limit(self, stage: Literal["export", "validate"], requested_mib: int | None) -> MemoryLimit | None:
         return gpu_memory_limit(stage, requested_mib)
