@@ -24,7 +24,6 @@ from prefect_executorch.machine.compat import fit, parse_compat
 from prefect_executorch.machine.toolchain import GpuInfo, Toolchain, probe
 from prefect_executorch.spec.buildspec import BuildSpec, parse_spec
 from prefect_executorch.spec.inputs import dynamic_shapes, example_inputs
-from prefect_executorch.spec.kinds import token_per_call
 from prefect_executorch.spec.methods import InputSpec, MethodSpec
 from prefect_executorch.spec.options import CudaOptions
 from prefect_executorch.targets import check_build, get_target
@@ -476,9 +475,7 @@ def test_a_decoder_lm_replays_a_one_token_forward_and_a_one_call_prefill_is_refu
                            "target": {"kind": "cuda", "precision": "bf16", "cuda_graphs": cuda_graphs},
                            "llm": {"max_seq_len": 40, "new_tokens": 4, "prefill": prefill}})
 
-    def per_call(spec: BuildSpec) -> bool:
-        return token_per_call(spec, TARGET.fixed_shapes(spec))
-
+    per_call = TARGET.token_per_call
     assert per_call(llm("auto", True)) and not per_call(llm("auto", False)) and per_call(llm("token_by_token", False))
     assert TARGET.runtime_hints(llm("auto", True))["cuda_graph_methods"] == ["forward"]
     assert check_build(llm("auto", True), h200) == []

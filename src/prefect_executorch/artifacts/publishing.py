@@ -51,7 +51,6 @@ from prefect_executorch.runtime.bundled_cases import BUNDLED_FILE
 from prefect_executorch.spec.asr import PREPROCESSOR_PROGRAM, SPEECH_MODEL_FILES, TRANSCRIPTION_CASES_FILE
 from prefect_executorch.spec.buildspec import BuildSpec
 from prefect_executorch.spec.fields import check_name
-from prefect_executorch.spec.kinds import token_per_call
 from prefect_executorch.spec.llm import GENERATION_CASES_FILE, TOKENIZER_CONFIG_FILES, TOKENIZER_FILE
 from prefect_executorch.targets import get_target
 from prefect_executorch.targets.delegation import DelegationFacts
@@ -378,7 +377,7 @@ def _runtime_hints(target: Target, spec: BuildSpec, toolchain: Toolchain, export
     if spec.llm is not None:
         # What a caller needs before it runs a prompt: the cache's positions and how the program takes the prompt.
         hints["llm"] = {"max_seq_len": spec.llm.max_seq_len,
-                        "prefill": "token_by_token" if token_per_call(spec, target.fixed_shapes(spec)) else "one_call"}
+                        "prefill": "token_by_token" if target.token_per_call(spec) else "one_call"}
     libraries = target.cpp_libraries(list(export.methods.values()))
     return hints if libraries is None else {**hints, "cpp_libraries": libraries}
 

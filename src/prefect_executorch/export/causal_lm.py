@@ -19,7 +19,6 @@ from prefect_executorch.spec.causal_lm import (
     load_causal_lm,
     load_tokenizer,
 )
-from prefect_executorch.spec.kinds import token_per_call
 from prefect_executorch.spec.llm import TOKENIZER_FILE, tokenizer_files
 from prefect_executorch.targets.base import Lowered, Target
 
@@ -122,7 +121,7 @@ def lower_llm(spec: BuildSpec, target: Target, out_dir: Path) -> tuple[Lowered, 
     check_vocabulary(loaded, tokenizer)
     check_prompt_lengths(spec, tokenizer)
     custom_ops, note = attention_choice(spec, target, loaded)
-    per_call = None if token_per_call(spec, target.fixed_shapes(spec)) else call_tokens(spec, loaded, custom_ops)
+    per_call = None if target.token_per_call(spec) else call_tokens(spec, loaded, custom_ops)
     metadata = runner_metadata(spec, loaded, custom_ops, per_call)
     facts = build_facts(spec, loaded, None, 0) if spec.quantization else None
     # torchao's int8da4w linears, as ExecuTorch's LLM recipes quantize them; a float build: the model itself,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, Field
 
 from prefect_executorch.isolation import MemoryLimit
+from prefect_executorch.spec.kinds import token_per_call
 from prefect_executorch.spec.options import TargetOptions
 from prefect_executorch.targets.delegation import DelegationFacts
 
@@ -73,6 +74,11 @@ class Target(ABC):
         """The setting under which this spec's programs run only at the sizes they were exported with (each model
         kind then feeds them calls of those sizes); None: any size their dynamic dims allow."""
         return None
+
+    def token_per_call(self, spec: BuildSpec) -> bool:
+        """Whether this target's program of the decoder LM ``spec`` takes one token a call (``llm.prefill``; ``auto``:
+        where the program runs fixed shapes)."""
+        return token_per_call(spec, self.fixed_shapes(spec))
 
     def placed_model(self, model: torch.nn.Module, spec: BuildSpec) -> torch.nn.Module:
         """A Hugging Face model (a decoder LM, a speech model) as this target exports it: on its device, in its
