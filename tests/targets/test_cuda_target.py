@@ -281,14 +281,21 @@ def test_tf32_kernels_set_what_inductor_reads_and_restore_it() -> None:
                          ("torch._inductor.kernel.conv", 'torch.backends.cudnn.fp32_precision == "tf32"')):
         found = importlib.util.find_spec(module)
         assert found is not None and found.origin is not None and read in Path(found.origin).read_text(), module
-    settings = (torch.backends.cuda.matmul, torch.backends.cudnn, torch.backends.cudnn.conv)
-    before = [setting.fp32_precision for setting in settings]
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+
+    def state() -> tuple[bool, str, bool, str]:
+        # The legacy flags are read too: a read that raises ("mix of the legacy and new APIs") would break eager calls.
+        return matmul.allow_tf32, matmul.fp32_precision, cudnn.allow_tf32, cudnn.fp32_precision
+
+    before = state()
     with tf32_kernels(False):
-        assert [setting.fp32_precision for setting in settings] == before
+        assert state() == before
     with pytest.raises(ExportFailed), tf32_kernels(True):
-        assert [setting.fp32_precision for setting in settings] == ["tf32"] * 3
+        assert state()[1] == "tf32" and state()[3] == "tf32" and state()[0] is True
         raise ExportFailed("the compile failed")
-    assert [setting.fp32_precision for setting in settings] == before
+    after = state()
+    assert (after[0], after[2], after[3]) == (before[0], before[2], before[3])
+    assert after[1] == ("tf32" if before[0] else "ieee")  # matmul's precision follows its restored flag
 
 
 def test_a_model_without_attention_keeps_the_triton_kernels() -> None:

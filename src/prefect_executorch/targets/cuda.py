@@ -193,26 +193,25 @@ def in_precision(inner: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
 def tf32_kernels(on: bool) -> Iterator[None]:
     """While ``on`` (``precision: tf32``), Inductor compiles float32 matmuls and convolutions for TF32 tensor cores.
 
-    Inductor reads torch's ``fp32_precision`` settings, not the legacy ``allow_tf32`` flags, when it sets its
-    templates' ``ALLOW_TF32``; it takes TF32 only for GEMMs of at least 16 rows whose other two sizes are at least 512.
-    The settings are the process's: restored after the compile.
+    Inductor's templates read ``torch.backends.cuda.matmul.fp32_precision`` and ``torch.backends.cudnn.fp32_precision``
+    for their ``ALLOW_TF32``, and take TF32 only for GEMMs of at least 16 rows whose other two sizes are at least 512.
+    The matmul setting is made through the legacy ``allow_tf32`` flag, which sets ``fp32_precision`` with it: set
+    through the new API, every later read of the legacy flag in this process (cuBLAS's eager calls) would raise
+    ("mix of the legacy and new APIs"). The settings are the process's: restored after the compile.
     """
     if not on:
         yield
         return
     import torch
 
-    # torch's stubs know neither cuDNN's per-operator settings nor their fp32_precision.
-    conv = getattr(torch.backends.cudnn, "conv")  # noqa: B009
-    settings: tuple[Any, ...] = (torch.backends.cuda.matmul, torch.backends.cudnn, conv)
-    saved = [setting.fp32_precision for setting in settings]
+    matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    saved = matmul.allow_tf32, cudnn.fp32_precision
     try:
-        for setting in settings:
-            setting.fp32_precision = "tf32"
+        matmul.allow_tf32 = True
+        cudnn.fp32_precision = "tf32"
         yield
     finally:
-        for setting, value in zip(settings, saved, strict=True):
-            setting.fp32_precision = value
+        matmul.allow_tf32, cudnn.fp32_precision = saved
 
 
 def for_precision(module: torch.nn.Module, dynamic_shapes: Any, precision: str) -> tuple[torch.nn.Module, Any]:
