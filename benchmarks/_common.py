@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,6 +49,14 @@ def _commit() -> str | None:
     return (done.stdout.strip() if done else "") or None
 
 
+def _installed(distribution: str) -> str | None:
+    """Its version; None where it is not installed (a bare GPU host runs ``inductor_gemm.py`` on its torch alone)."""
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
 def machine() -> dict[str, Any]:
     """Cores, memory, load, versions and the commit, read when the result is written."""
     with open("/proc/meminfo") as handle:
@@ -58,7 +66,7 @@ def machine() -> dict[str, Any]:
         "memory_gib": round(mem_kib / 2**20, 1),
         "load_average_1_5_15m": [round(load, 2) for load in os.getloadavg()],
         "python": platform.python_version(),
-        "versions": {name: version(name) for name in ("torch", "executorch", "prefect", "boto3", "prefect-executorch")},
+        "versions": {name: _installed(name) for name in ("torch", "executorch", "prefect", "boto3", "prefect-executorch")},
         "commit": _commit(),
         **_torch_facts(),
     }

@@ -55,6 +55,7 @@ from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, report, spread  # noqa: E402
+from _cuda_timing import timed, top_events  # noqa: E402
 
 from prefect_executorch.export.exporter import export_program  # noqa: E402
 from prefect_executorch.spec.buildspec import BuildSpec, parse_spec  # noqa: E402
@@ -106,27 +107,6 @@ def inputs_for(name: str, batch: int) -> Any:
     return torch.randn(batch, *shape[1:], generator=generator)
 
 
-def percentiles(ms: list[float]) -> tuple[float, float]:
-    ordered = sorted(ms)
-    return statistics.median(ordered), ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-
-
-def timed(call: Callable[[], Any], calls: int, warmup: int) -> tuple[float, float]:
-    """p50 and p95 (ms) of ``calls`` synchronised calls after ``warmup``."""
-    import torch
-
-    for _ in range(warmup):
-        call()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(calls):
-        started = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - started) * 1000)
-    return percentiles(samples)
-
-
 def pool_trimmed(measure_: Callable[[], T]) -> T:
     """``measure_()`` with the default CUDA memory pool at the driver's default threshold, then kept again."""
     set_cuda_pool_release_threshold(0)
@@ -145,23 +125,6 @@ def round_of(side: str, call: Callable[[], Any], calls: int) -> Callable[[int], 
         return timed(call, calls, warmup=10)
 
     return one_round
-
-
-def top_events(call: Callable[[], Any], calls: int) -> dict[str, list[dict[str, Any]]]:
-    """The profiled events of ``calls`` calls that took most self GPU and self host time (µs per call)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(10):
-        call()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiled:
-        for _ in range(calls):
-            call()
-    rows = [{"event": event.key[:80], "count_per_call": round(event.count / calls, 2),
-             "device_us_per_call": round(event.self_device_time_total / calls, 2),
-             "host_us_per_call": round(event.self_cpu_time_total / calls, 2)}
-            for event in profiled.key_averages()]
-    return {column: sorted(rows, key=lambda row: -row[column])[:12]
-            for column in ("device_us_per_call", "host_us_per_call")}
 
 
 def measure(spec: BuildSpec, name: str, export_dir: Path, data: Path, rounds: int, calls: int,

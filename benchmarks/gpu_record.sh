@@ -4,7 +4,8 @@
 #   gpu_record.sh tests     the cuda and tensorrt tests (junit-cuda.xml, pytest-cuda.log)
 #   gpu_record.sh latency   benchmarks/gpu_latency.py (gpu_latency.json, gpu_latency.log); extra args passed on
 #   gpu_record.sh llm       benchmarks/llm.py --target cuda (llm_cuda.json, llm_cuda.log); extra args passed on
-#   gpu_record.sh gemm      benchmarks/inductor_gemm.py: the MLP under torch's Inductor per GEMM backend (inductor_gemm.json)
+#   gpu_record.sh gemm      benchmarks/inductor_gemm.py: the MLP under torch's Inductor per GEMM backend (inductor_gemm.json);
+#                           torch alone: runs on a bare GPU host without the staged stack
 #
 # Every step first writes stack-<step>.txt: the tree ($PREFECT_EXECUTORCH_BENCHMARK_TREE where the sender of a copy
 # without .git set it, else `git describe --dirty`), the GPU, its driver and the stack's versions.
@@ -21,8 +22,13 @@ export PREFECT_EXECUTORCH_BENCHMARK_TREE=$tree PREFECT_EXECUTORCH_BENCHMARK_RESU
   echo "tree: $tree"
   echo "started: $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
-  python3 -c 'from importlib.metadata import version
-print("stack:", *(f"{name} {version(name)}" for name in ("torch", "executorch", "triton", "torchao",
+  python3 -c 'from importlib.metadata import PackageNotFoundError, version
+def installed(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"  # a bare host runs the gemm step on its own torch
+print("stack:", *(f"{name} {installed(name)}" for name in ("torch", "executorch", "triton", "torchao",
       "torch-tensorrt-executorch-runtime", "transformers", "prefect-executorch")))'
 } > "$out/stack-$step.txt" 2>&1
 case $step in

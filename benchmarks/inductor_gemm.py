@@ -10,10 +10,16 @@ crashed the staged GPU stack, 2026-12-06: ``aoti_load_package`` segfaults there 
 ``TRITON`` build reproducing the program's gap shows the gap is the kernels; the others show what the change in
 ExecuTorch would be worth.
 
+``--precision tf32`` asks instead what ``target.precision: tf32`` gives the same GEMMs: every build compiles with TF32
+allowed (Inductor's templates then use TF32 tensor cores), beside eager CUDA with TF32 on (``eager_cuda``: what a user
+who accepts TF32 runs) and eager in exact float32 (``eager_cuda_fp32``, TF32 off, the default); the RESULT line then
+judges the ``TRITON`` build (what the backend allows) against eager with TF32. It imports neither prefect-executorch
+nor ExecuTorch, so a bare GPU host's torch runs it.
+
 Each side's GPU time per call (``torch.profiler``, 50 calls) is recorded beside its p50: a compiled module's Python
 wrapper costs more host time than the program's call, so the kernels' GPU time is what the GEMM lever changes. The last
 line is ``RESULT inductor_gemm ratio=<GPU time of the best build allowed ATEN over eager's> goal=<=1.0``: whether a cuBLAS
-shim would bring the MLP's fp32 kernels to eager's.
+shim would bring the MLP's fp32 kernels to eager's (with ``--precision tf32``, the ``TRITON`` build's over eager's).
 """
 
 from __future__ import annotations
@@ -22,12 +28,13 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import interleaved, report, spread  # noqa: E402
-from gpu_latency import timed, top_events  # noqa: E402
+from _cuda_timing import timed, top_events  # noqa: E402
 from gpu_models import mlp  # noqa: E402
 
 #: The options ExecuTorch 1.4.1's CudaBackend.get_aoti_compile_options sets that bear on the kernels (its packaging
@@ -41,24 +48,38 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32"])
     args = parser.parse_args()
 
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    tf32 = args.precision == "tf32"
+
+    def allowing(on: bool, call: Callable[[], Any]) -> Callable[[], Any]:
+        """``call`` with TF32 set as its side computes (the legacy flags: what eager reads at each call, and what
+        sets Inductor's templates' fp32_precision at compile); each compiled side runs as it was compiled."""
+
+        def run() -> Any:
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+            return call()
+
+        return run
+
     model = mlp().cuda()
     example = (torch.randn(1, 64, 512, generator=torch.Generator().manual_seed(1)).cuda(),)
-    figures: dict[str, Any] = {"options": BACKEND_OPTIONS}
-    sides: dict[str, Any] = {"eager_cuda": lambda: model(*example)}
+    figures: dict[str, Any] = {"options": BACKEND_OPTIONS, "precision": args.precision, "torch": torch.__version__}
+    sides: dict[str, Any] = {"eager_cuda": allowing(tf32, lambda: model(*example))}
+    if tf32:
+        sides["eager_cuda_fp32"] = allowing(False, lambda: model(*example))
     with torch.no_grad():
-        expected = model(*example)
+        expected = allowing(False, lambda: model(*example))()
         for backends in GEMM_BACKENDS:
             started = time.perf_counter()
             compiled = torch.compile(model, options={**BACKEND_OPTIONS, "max_autotune_gemm_backends": backends})
-            figures[f"max_abs_error_{backends}"] = float((compiled(*example) - expected).abs().max())
+            side = allowing(tf32, lambda run=compiled: run(*example))
+            figures[f"max_abs_error_{backends}"] = float((side() - expected).abs().max())  # against exact float32
             figures[f"compile_s_{backends}"] = round(time.perf_counter() - started, 1)
-            sides[f"inductor_{backends}"] = lambda run=compiled: run(*example)
+            sides[f"inductor_{backends}"] = side
         # A compiled module's host wrapper costs more than a program's call: the kernels' GPU time is what compares.
         gpu_us = {side: round(sum(row["device_us_per_call"] for row in top_events(call, 50)["device_us_per_call"]), 1)
                   for side, call in sides.items()}
@@ -73,7 +94,8 @@ def main() -> int:
     figures["gpu_time_triton_only_over_eager"] = round(gpu_us["inductor_TRITON"] / gpu_us["eager_cuda"], 3)
     figures["best_with_aten"] = with_aten
     figures["gpu"] = torch.cuda.get_device_name(0)
-    return 0 if report("inductor_gemm", gpu_us[with_aten] / gpu_us["eager_cuda"], "<=1.0", figures) else 1
+    judged = "inductor_TRITON" if tf32 else with_aten
+    return 0 if report("inductor_gemm", gpu_us[judged] / gpu_us["eager_cuda"], "<=1.0", figures) else 1
 
 
 if __name__ == "__main__":
