@@ -56,8 +56,9 @@ def main() -> int:
     tf32 = args.precision == "tf32"
 
     def allowing(on: bool, call: Callable[[], Any]) -> Callable[[], Any]:
-        """``call`` with TF32 set as its side computes (the legacy flags: what eager reads at each call, and what
-        sets Inductor's templates' fp32_precision at compile); each compiled side runs as it was compiled."""
+        """``call`` with TF32 set as its side computes, through the legacy flags: eager reads them at each call, and
+        the matmul flag also sets the fp32_precision Inductor's GEMM templates read when a side compiles (at its first
+        call); each compiled side then runs as it was compiled. (The MLP has no convolution.)"""
 
         def run() -> Any:
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
